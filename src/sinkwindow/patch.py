@@ -1,0 +1,253 @@
+"""Apply SWA(w, s) to a transformers model through its own extension points.
+
+``apply`` registers two attention implementations with transformers, ``sinkwindow_sdpa`` and
+``sinkwindow_eager``, each as an attention function (``AttentionInterface``: the stock SDPA
+function, or the model's own eager function) **and** a mask builder of the same name
+(``AttentionMaskInterface``). Registering only the attention would make ``create_causal_mask``
+find no builder and silently pass no mask at all (DESIGN §2). The window and sinks reach the
+builder through the model config (``config._sinkwindow``, a plain dict).
+
+No model forward code is copied or modified; ``apply(model, "full")`` or leaving the ``with``
+block restores the original implementation.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
+
+from .cache import SinkWindowCache
+from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask
+from .spec import MethodSpec, parse_spec
+
+__all__ = [
+    "apply",
+    "make_cache",
+    "active_spec",
+    "SUPPORTED_MODEL_TYPES",
+    "NATIVE_SLIDING_POLICIES",
+    "check_supported",
+    "text_config",
+]
+
+logger = logging.getLogger(__name__)
+
+# Decoder-only families whose attention goes through AttentionInterface and whose masks go through
+# create_causal_mask / create_sliding_window_causal_mask; each is covered by tests on a tiny config.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma3", "gemma2")
+NATIVE_SLIDING_POLICIES = ("override", "keep")
+
+_STATE_ATTR = "_sinkwindow_state"
+SDPA_NAME = "sinkwindow_sdpa"
+EAGER_NAME = "sinkwindow_eager"
+
+
+def _eager_for(module: torch.nn.Module) -> Callable:
+    """The model's own eager attention function (it may softcap or scale differently per family)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return fn if fn is not None else _generic_eager
+
+
+def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Plain eager attention for families whose modeling file has no ``eager_attention_forward``."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def sinkwindow_eager_attention(module, query, key, value, attention_mask, **kwargs):
+    """``sinkwindow_eager``: the model's eager attention; the mask carries the window."""
+    return _eager_for(module)(module, query, key, value, attention_mask, **kwargs)
+
+
+def sinkwindow_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
+    """``sinkwindow_sdpa``: transformers' SDPA attention; the mask carries the window."""
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register() -> None:
+    # Idempotent: GeneralInterface.register only updates a dict.
+    AttentionInterface.register(SDPA_NAME, sinkwindow_sdpa_attention)
+    AttentionInterface.register(EAGER_NAME, sinkwindow_eager_attention)
+    AttentionMaskInterface.register(SDPA_NAME, sinkwindow_sdpa_mask)
+    AttentionMaskInterface.register(EAGER_NAME, sinkwindow_eager_mask)
+
+
+def text_config(model: PreTrainedModel):
+    """The decoder's config (the text config of multimodal wrappers such as Gemma 3)."""
+    return model.config.get_text_config(decoder=True)
+
+
+def check_supported(model: PreTrainedModel) -> None:
+    """Raise a ValueError naming the supported families if ``model`` is not one of them."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"sinkwindow patches transformers PreTrainedModel instances, got {type(model).__name__}")
+    types = {model.config.model_type, text_config(model).model_type}
+    if not types & set(SUPPORTED_MODEL_TYPES):
+        raise ValueError(
+            f"unsupported architecture {model.config.model_type!r}: sinkwindow supports the decoder-only "
+            f"families {', '.join(SUPPORTED_MODEL_TYPES)} (tested through transformers' attention and mask "
+            f"interfaces); other families may work but are untested"
+        )
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("encoder-decoder models are not supported: SWA(w, s) applies to decoder-only causal LMs")
+
+
+def native_sliding_layers(config) -> list[bool]:
+    """Which decoder layers have their own sliding window (Gemma 3 local layers, Mistral, ...)."""
+    n = config.num_hidden_layers
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return [t == "sliding_attention" for t in layer_types]
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return [True] * n
+    return [False] * n
+
+
+def _all_configs(model: PreTrainedModel) -> list:
+    seen, out = set(), []
+    for cfg in (model.config, text_config(model)):
+        if id(cfg) not in seen:
+            seen.add(id(cfg))
+            out.append(cfg)
+    return out
+
+
+class _SinkWindowContext:
+    """Mixed into the patched model's class so ``with apply(model, spec):`` restores on exit."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        apply(self, "full")
+
+
+_CONTEXT_CLASSES: dict[type, type] = {}
+
+
+def _context_class(cls: type) -> type:
+    if cls not in _CONTEXT_CLASSES:
+        _CONTEXT_CLASSES[cls] = type(f"SinkWindow{cls.__name__}", (_SinkWindowContext, cls), {})
+    return _CONTEXT_CLASSES[cls]
+
+
+def active_spec(model: PreTrainedModel) -> MethodSpec:
+    """The spec a model currently runs (``full`` when unpatched)."""
+    state = getattr(model, _STATE_ATTR, None)
+    return state["spec"] if state else parse_spec("full")
+
+
+def apply(
+    model: PreTrainedModel,
+    spec: str | MethodSpec,
+    *,
+    native_sliding: str = "override",
+    attn_implementation: str | None = None,
+) -> PreTrainedModel:
+    """Patch ``model`` in place to run ``spec`` and return it.
+
+    Usable as a context manager: ``with sinkwindow.apply(model, "swa:64:4") as m: ...`` restores the
+    original attention on exit; ``apply(model, "full")`` restores it too.
+
+    Args:
+        model: a transformers causal LM of a supported family.
+        spec: ``"swa:W:S"``, ``"evict:W:S"``, ``"full"`` or a ``MethodSpec``.
+        native_sliding: what SWA(w, s) does to layers that already have a sliding window (Gemma 3's
+            local layers, Mistral): ``"override"`` (default) applies SWA(w, s) to every layer, as the
+            paper does; ``"keep"`` leaves native sliding layers on their own window (no sinks) and
+            applies SWA(w, s) to the global layers only.
+        attn_implementation: ``"sdpa"`` or ``"eager"``; default: follow the model's current one.
+
+    Raises:
+        ValueError: unsupported architecture or bad spec.
+    """
+    spec = parse_spec(spec)
+    if native_sliding not in NATIVE_SLIDING_POLICIES:
+        raise ValueError(f"native_sliding must be one of {NATIVE_SLIDING_POLICIES}, got {native_sliding!r}")
+    check_supported(model)
+    state = getattr(model, _STATE_ATTR, None)
+
+    if spec.is_full:
+        if state:
+            _restore(model, state)
+        return model
+    if spec.is_linear:
+        raise ValueError(
+            f"{spec} is a trained linear-attention baseline: convert the model with sinkwindow.linear "
+            f"(or sinkwindow.load(name, method='{spec}', checkpoint=...)) instead of apply()"
+        )
+    if spec.positions != "absolute":
+        raise NotImplementedError(
+            f"position mode {spec.positions!r} is not available yet; use absolute positions (e.g. swa:{spec.window}:{spec.sinks})"
+        )
+
+    _register()
+    if state is None:
+        state = {"impl": model.config._attn_implementation, "cls": type(model)}
+        setattr(model, _STATE_ATTR, state)
+    base = attn_implementation or state["impl"]
+    if base not in ("sdpa", "eager", SDPA_NAME, EAGER_NAME):
+        logger.info("attention %r has no sink-window mask path; using SDPA", base)
+        base = "sdpa"
+    name = EAGER_NAME if base in ("eager", EAGER_NAME) else SDPA_NAME
+
+    plan = {
+        "kind": spec.kind,
+        "window": spec.window,
+        "sinks": spec.sinks,
+        "positions": spec.positions,
+        "native_sliding": native_sliding,
+    }
+    for cfg in _all_configs(model):
+        setattr(cfg, PLAN_ATTR, plan)
+    model.set_attn_implementation(name)
+    state["spec"] = spec
+    state["native_sliding"] = native_sliding
+    if not isinstance(model, _SinkWindowContext):
+        model.__class__ = _context_class(type(model))
+    return model
+
+
+def _restore(model: PreTrainedModel, state: dict) -> None:
+    model.__class__ = state["cls"]
+    for cfg in _all_configs(model):
+        cfg.__dict__.pop(PLAN_ATTR, None)
+    model.set_attn_implementation(state["impl"])
+    delattr(model, _STATE_ATTR)
+
+
+def make_cache(model: PreTrainedModel) -> Cache:
+    """A cache for the model's active spec.
+
+    For ``swa``/``evict`` a ``SinkWindowCache`` whose layers never persist more than w - 1 keys
+    (w with the current query); for ``full`` (unpatched) a stock ``DynamicCache``.
+    """
+    state = getattr(model, _STATE_ATTR, None)
+    if not state:
+        return DynamicCache(config=model.config)
+    spec: MethodSpec = state["spec"]
+    tcfg = text_config(model)
+    if state["native_sliding"] == "keep":
+        native = native_sliding_layers(tcfg)
+        native_window = getattr(tcfg, "sliding_window", None)
+    else:
+        native = [False] * tcfg.num_hidden_layers
+        native_window = None
+    layers = [
+        (native_window, 0, True) if is_native else (spec.window, spec.sinks, False) for is_native in native
+    ]
+    return SinkWindowCache(layers)

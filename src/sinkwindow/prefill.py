@@ -1,0 +1,118 @@
+"""Chunked prefill through the bounded cache: O(n * (w + c)) time, O(w + c) KV memory.
+
+A one-shot forward over n tokens builds an n x n mask (128K tokens: 16 GB of booleans) and keeps n
+keys per layer. Feeding the prompt in chunks of c tokens through ``SinkWindowCache`` gives every
+query exactly the keys SWA(w, s) allows (the cache returns sinks + recent + chunk) while nothing
+larger than ``w - 1 + c`` keys per layer ever exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from .patch import active_spec, make_cache, text_config
+
+__all__ = ["prefill", "PrefillResult", "check_context"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefillResult:
+    """What ``prefill`` returns.
+
+    Attributes:
+        logits: ``[batch, n, vocab]`` if ``return_logits="all"``, ``[batch, vocab]`` (the last
+            position) if ``"last"``, else ``None``.
+        cache: the filled cache, ready for ``model.generate(..., cache=cache)`` or further chunks.
+    """
+
+    logits: torch.Tensor | None
+    cache: Cache
+
+    def __iter__(self):
+        # Lets callers unpack: ``logits, cache = prefill(...)``.
+        return iter((self.logits, self.cache))
+
+
+def check_context(model: PreTrainedModel, total_length: int) -> None:
+    """Raise if absolute positions would run past what the model was trained on."""
+    limit = getattr(text_config(model), "max_position_embeddings", None)
+    if limit is not None and total_length > limit:
+        raise ValueError(
+            f"context of {total_length} tokens is beyond the model's limit of {limit} positions "
+            f"(max_position_embeddings); shorten the input"
+        )
+
+
+@torch.no_grad()
+def prefill(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    chunk_size: int = 512,
+    cache: Cache | None = None,
+    return_logits: str = "last",
+    on_chunk: Callable[[int, torch.Tensor], None] | None = None,
+    progress: bool = False,
+) -> PrefillResult:
+    """Run ``input_ids`` through ``model`` in chunks, filling a bounded cache.
+
+    Args:
+        model: a model patched with ``sinkwindow.apply`` (an unpatched one gets a growing cache).
+        input_ids: ``[batch, n]`` token ids (no padding; see issue tracker for padded batches).
+        chunk_size: c, tokens per forward.
+        cache: continue filling this cache instead of a fresh one.
+        return_logits: ``"last"``, ``"all"`` or ``"none"``.
+        on_chunk: called as ``on_chunk(start, logits[batch, c, vocab])`` after each chunk, so a
+            caller can score a stream without keeping all logits.
+        progress: show a tqdm bar.
+
+    Returns:
+        ``PrefillResult(logits, cache)``.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if return_logits not in ("last", "all", "none"):
+        raise ValueError(f"return_logits must be 'last', 'all' or 'none', got {return_logits!r}")
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, n], got shape {tuple(input_ids.shape)}")
+    cache = cache if cache is not None else make_cache(model)
+    start0 = cache.get_seq_length()
+    n = input_ids.shape[1]
+    check_context(model, start0 + n)
+    if active_spec(model).kind == "evict" and start0 == 0:
+        # evict:W:S is dense over the prompt by definition: one forward, then the cache evicts.
+        chunk_size = max(n, 1)
+    kept: list[torch.Tensor] = []
+    last = None
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n, desc="prefill", unit="tok", leave=False)
+    device = next(model.parameters()).device
+    for start in range(0, n, chunk_size):
+        chunk = input_ids[:, start : start + chunk_size].to(device)
+        keep = None if (return_logits == "all" or on_chunk is not None) else 1
+        out = model(chunk, cache=cache, use_cache=True, logits_to_keep=keep or 0)
+        logits = out.logits
+        if on_chunk is not None:
+            on_chunk(start0 + start, logits)
+        if return_logits == "all":
+            kept.append(logits)
+        last = logits[:, -1]
+        if bar is not None:
+            bar.update(chunk.shape[1])
+    if bar is not None:
+        bar.close()
+    if return_logits == "all":
+        return PrefillResult(torch.cat(kept, dim=1), cache)
+    if return_logits == "last":
+        return PrefillResult(last, cache)
+    return PrefillResult(None, cache)

@@ -1,0 +1,150 @@
+"""Method specs: the one string that names what attention a model runs.
+
+Grammar (case-insensitive, ``:``-separated)::
+
+    full                      dense causal attention, the unmodified model
+    swa:W[:S][:POS]           SWA(W, S): S sinks + the W-S most recent keys (query included);
+                              S defaults to 4, POS is ``absolute`` (default, the paper) or ``cache``
+    evict:W[:S][:POS]         dense attention over the prompt, then sinks + recent while decoding
+                              (kvpress StreamingLLMPress / attention_sinks / old HF SinkCache)
+    linear                    pure linear attention (Hedgehog feature maps), needs training
+    lolcats:W                 LoLCATs hybrid: softmax over the last W keys + linear attention over
+                              everything older, one shared normaliser; needs training
+
+A spec is a frozen dataclass: hashable, comparable, and ``str(spec)`` gives back its canonical
+string, which is what results files record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MethodSpec", "parse_spec", "SPEC_KINDS", "POSITION_MODES"]
+
+SPEC_KINDS = ("full", "swa", "evict", "linear", "lolcats")
+POSITION_MODES = ("absolute", "cache")
+DEFAULT_SINKS = 4
+
+_GRAMMAR = "full | swa:W[:S][:absolute|cache] | evict:W[:S][:absolute|cache] | linear | lolcats:W"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A validated attention method.
+
+    Attributes:
+        kind: one of ``SPEC_KINDS``.
+        window: W, the number of keys a query sees (sinks included) for ``swa``/``evict``; the
+            softmax window for ``lolcats``; ``None`` for ``full`` and ``linear``.
+        sinks: S, the number of leading tokens every query keeps seeing (``swa``/``evict``).
+        positions: ``"absolute"`` keeps every token's original position (RoPE applied once, the
+            paper); ``"cache"`` re-assigns positions inside the cache (StreamingLLM).
+    """
+
+    kind: str
+    window: int | None = None
+    sinks: int = 0
+    positions: str = "absolute"
+
+    def __post_init__(self) -> None:
+        if self.kind not in SPEC_KINDS:
+            raise ValueError(f"unknown method kind {self.kind!r}; expected one of: {_GRAMMAR}")
+        if self.positions not in POSITION_MODES:
+            raise ValueError(
+                f"unknown position mode {self.positions!r}; use 'absolute' (the paper) or 'cache' (StreamingLLM)"
+            )
+        if self.kind in ("full", "linear"):
+            if self.window is not None or self.sinks:
+                raise ValueError(f"'{self.kind}' takes no window or sinks")
+            return
+        if self.window is None or not isinstance(self.window, int) or self.window <= 0:
+            raise ValueError(f"window W must be a positive integer, got {self.window!r} (e.g. swa:64:4)")
+        if not isinstance(self.sinks, int) or self.sinks < 0:
+            raise ValueError(f"sinks S must be an integer >= 0, got {self.sinks!r} (e.g. swa:64:4, or swa:64:0)")
+        if self.kind == "lolcats":
+            if self.sinks:
+                raise ValueError("lolcats:W takes no sinks")
+            return
+        if self.sinks >= self.window:
+            raise ValueError(
+                f"sinks S={self.sinks} must be smaller than the window W={self.window}: the window counts "
+                f"the sinks and needs room for the query itself (try swa:{max(self.window, self.sinks + 1)}:{self.sinks} "
+                f"or fewer sinks)"
+            )
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full"
+
+    @property
+    def is_windowed(self) -> bool:
+        """True for the softmax sink+window methods (``swa``, ``evict``) that the runtime patches."""
+        return self.kind in ("swa", "evict")
+
+    @property
+    def is_linear(self) -> bool:
+        """True for the trained linear-attention baselines (``linear``, ``lolcats``)."""
+        return self.kind in ("linear", "lolcats")
+
+    @property
+    def recent(self) -> int:
+        """W - S: how many of the most recent keys (the query included) a query sees."""
+        if self.window is None:
+            raise ValueError(f"'{self}' has no window")
+        return self.window - self.sinks
+
+    @property
+    def kv_budget(self) -> int | None:
+        """The most key/value entries a decoding step reads per layer (``None``: unbounded)."""
+        return self.window if self.is_windowed else None
+
+    def __str__(self) -> str:
+        if self.kind in ("full", "linear"):
+            return self.kind
+        if self.kind == "lolcats":
+            return f"lolcats:{self.window}"
+        text = f"{self.kind}:{self.window}:{self.sinks}"
+        if self.positions != "absolute":
+            text += f":{self.positions}"
+        return text
+
+
+def parse_spec(text: str | MethodSpec) -> MethodSpec:
+    """Parse a method string (``"full"``, ``"swa:64:4"``, ``"evict:256:4:cache"``, ``"lolcats:64"``).
+
+    Raises:
+        ValueError: naming the grammar, for malformed strings or invalid values.
+    """
+    if isinstance(text, MethodSpec):
+        return text
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"method spec must be a non-empty string like 'swa:64:4'; got {text!r}. Grammar: {_GRAMMAR}")
+    parts = [p.strip() for p in text.strip().lower().split(":")]
+    kind, args = parts[0], parts[1:]
+    if kind not in SPEC_KINDS:
+        raise ValueError(f"unknown method {text!r}; expected {_GRAMMAR}")
+    if kind in ("full", "linear"):
+        if args:
+            raise ValueError(f"'{kind}' takes no arguments; got {text!r}")
+        return MethodSpec(kind)
+
+    positions = "absolute"
+    if args and args[-1] in POSITION_MODES:
+        if kind == "lolcats":
+            raise ValueError(f"lolcats:W takes no position mode; got {text!r}")
+        positions = args.pop()
+    ints: list[int] = []
+    for a in args:
+        try:
+            ints.append(int(a))
+        except ValueError:
+            raise ValueError(f"malformed method {text!r}: {a!r} is not an integer. Grammar: {_GRAMMAR}") from None
+    if kind == "lolcats":
+        if len(ints) != 1:
+            raise ValueError(f"malformed method {text!r}: expected lolcats:W (e.g. lolcats:64)")
+        return MethodSpec("lolcats", window=ints[0])
+    if len(ints) not in (1, 2):
+        raise ValueError(f"malformed method {text!r}: expected {kind}:W[:S][:absolute|cache] (e.g. {kind}:64:4)")
+    window = ints[0]
+    sinks = ints[1] if len(ints) == 2 else DEFAULT_SINKS
+    return MethodSpec(kind, window=window, sinks=sinks, positions=positions)

@@ -1,0 +1,111 @@
+"""Chunked prefill through the bounded cache equals the one-shot masked forward; generate() agrees
+with uncached reference decoding; the cache never holds more than W entries per layer."""
+
+import pytest
+import torch
+from conftest import FAMILIES, VOCAB, tiny_model
+
+import sinkwindow
+from sinkwindow.reference import reference_greedy
+
+W, S = 8, 2
+NATIVE = {"mistral", "gemma3_text"}
+
+
+def _ids(length, seed=3):
+    return torch.randint(1, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+class _BoundWatch:
+    """Wraps cache.update to record the largest per-layer persisted and returned key counts."""
+
+    def __init__(self, cache):
+        self.persisted = 0
+        self.returned = 0
+        for layer in cache.layers:
+            orig = layer.update
+
+            def update(k, v, *a, _orig=orig, _layer=layer, **kw):
+                keys, values = _orig(k, v, *a, **kw)
+                self.persisted = max(self.persisted, _layer.keys.shape[-2])
+                self.returned = max(self.returned, keys.shape[-2] - k.shape[-2])
+                return keys, values
+
+            layer.update = update
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("chunk", [1, 7, W, 3 * W + 5], ids=lambda c: f"C{c}")
+def test_chunked_prefill_equals_one_shot(family, attn, chunk):
+    model = tiny_model(family, attn)
+    ids = _ids(53)
+    modes = ["override", "keep"] if family in NATIVE else ["override"]
+    for mode in modes:
+        sinkwindow.apply(model, f"swa:{W}:{S}", native_sliding=mode)
+        one_shot = model(ids, use_cache=False).logits
+        cache = sinkwindow.make_cache(model)
+        watch = _BoundWatch(cache)
+        logits, cache = sinkwindow.prefill(model, ids, chunk_size=chunk, cache=cache, return_logits="all")
+        torch.testing.assert_close(logits, one_shot, atol=2e-5, rtol=1e-5)
+        bound = W if mode == "override" else max(W, model.config.sliding_window)
+        assert watch.persisted <= bound - 1  # never more than W entries with the next query
+        assert watch.returned <= bound - 1
+        assert max(cache.persisted_lengths()) <= bound - 1
+        assert cache.get_seq_length() == ids.shape[1]  # positions stay absolute
+        sinkwindow.apply(model, "full")
+
+
+@torch.no_grad()
+def test_cache_contents_are_sinks_plus_recent():
+    """Persisted keys equal the keys an uncached forward computes at the expected absolute positions."""
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    ids = _ids(40)
+    sinkwindow.apply(model, f"swa:{W}:{S}")
+    full_cache = DynamicCache(config=model.config)  # a stock cache holds every key, same mask
+    model(ids, cache=full_cache, use_cache=True)
+    _, cache = sinkwindow.prefill(model, ids, chunk_size=5)
+    keep = list(range(S)) + list(range(40 - (W - S - 1), 40))
+    for layer_full, layer in zip(full_cache.layers, cache.layers):
+        torch.testing.assert_close(layer.keys, layer_full.keys[:, :, keep], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.values, layer_full.values[:, :, keep], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("spec", ["swa:8:2", "swa:6:0", "swa:12:4"])
+def test_generate_with_bounded_cache_matches_uncached_decoding(family, spec):
+    model = tiny_model(family)
+    ids = _ids(21)
+    want = reference_greedy(model, ids, spec, max_new_tokens=15)
+    sinkwindow.apply(model, spec)
+    cache = sinkwindow.make_cache(model)
+    got = model.generate(ids, cache=cache, max_new_tokens=15, do_sample=False, min_new_tokens=15)
+    assert torch.equal(got, want)
+    assert max(cache.persisted_lengths()) <= sinkwindow.parse_spec(spec).window - 1
+
+
+@torch.no_grad()
+def test_decode_memory_is_constant():
+    model = tiny_model("llama")
+    sinkwindow.apply(model, "swa:8:2")
+    _, cache = sinkwindow.prefill(model, _ids(30), chunk_size=16)
+    sizes = set()
+    tok = torch.tensor([[5]])
+    for _ in range(200):
+        model(tok, cache=cache, use_cache=True)
+        sizes.add(cache.nbytes())
+    assert len(sizes) == 1
+    assert cache.get_seq_length() == 230
+
+
+def test_prefill_rejects_context_beyond_model_limit():
+    model = tiny_model("llama")
+    sinkwindow.apply(model, "swa:8:2")
+    with pytest.raises(ValueError, match="beyond the model's limit of 1024"):
+        sinkwindow.prefill(model, torch.ones(1, 1030, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunk_size"):
+        sinkwindow.prefill(model, torch.ones(1, 10, dtype=torch.long), chunk_size=0)

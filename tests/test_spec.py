@@ -1,0 +1,54 @@
+import pytest
+
+from sinkwindow import MethodSpec, parse_spec
+
+
+@pytest.mark.parametrize(
+    "text, kind, window, sinks, positions",
+    [
+        ("full", "full", None, 0, "absolute"),
+        ("swa:64:4", "swa", 64, 4, "absolute"),
+        ("swa:64:0", "swa", 64, 0, "absolute"),
+        ("SWA:256", "swa", 256, 4, "absolute"),
+        ("swa:64:4:cache", "swa", 64, 4, "cache"),
+        ("evict:128:4", "evict", 128, 4, "absolute"),
+        ("lolcats:64", "lolcats", 64, 0, "absolute"),
+        ("linear", "linear", None, 0, "absolute"),
+    ],
+)
+def test_parse(text, kind, window, sinks, positions):
+    spec = parse_spec(text)
+    assert (spec.kind, spec.window, spec.sinks, spec.positions) == (kind, window, sinks, positions)
+    assert parse_spec(str(spec)) == spec  # canonical string round-trips
+    with pytest.raises(AttributeError):
+        spec.window = 3  # frozen
+
+
+def test_budget_and_recent():
+    spec = parse_spec("swa:64:4")
+    assert spec.kv_budget == 64 and spec.recent == 60
+    assert parse_spec("full").kv_budget is None
+    assert hash(spec) == hash(MethodSpec("swa", 64, 4))
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("swa:0:0", "positive"),
+        ("swa:-4:0", "positive"),
+        ("swa:64:-1", ">= 0"),
+        ("swa:4:4", "smaller than the window"),
+        ("swa:4:9", "smaller than the window"),
+        ("swa", "expected swa:W"),
+        ("swa:x:4", "not an integer"),
+        ("swa:64:4:5", "expected swa:W"),
+        ("swa:64:4:relative", "not an integer"),
+        ("sliding:64", "unknown method"),
+        ("full:64", "takes no arguments"),
+        ("", "non-empty"),
+        ("lolcats:64:4", "lolcats:W"),
+    ],
+)
+def test_bad_specs_name_the_fix(text, needle):
+    with pytest.raises(ValueError, match=needle):
+        parse_spec(text)

@@ -236,6 +236,10 @@ def make_cache(model: PreTrainedModel) -> Cache:
     For ``swa``/``evict`` a ``SinkWindowCache`` whose layers never persist more than w - 1 keys
     (w with the current query); for ``full`` (unpatched) a stock ``DynamicCache``.
     """
+    factory = getattr(model, "_sinkwindow_cache_factory", None)
+    if factory is not None:
+        # Converted models (the linear baselines) bring their own constant-size cache.
+        return factory()
     state = getattr(model, _STATE_ATTR, None)
     if not state:
         return DynamicCache(config=model.config)

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, tiny_model
 
 import sinkwindow
+from conftest import FAMILIES, VOCAB, tiny_model
 from sinkwindow.patch import native_sliding_layers, text_config
 from sinkwindow.reference import reference_logits, reference_mask
 

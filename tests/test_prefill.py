@@ -3,9 +3,9 @@ with uncached reference decoding; the cache never holds more than W entries per 
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, tiny_model
 
 import sinkwindow
+from conftest import FAMILIES, VOCAB, tiny_model
 from sinkwindow.reference import reference_greedy
 
 W, S = 8, 2

@@ -18,7 +18,7 @@ import logging
 import os
 import platform
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 __all__ = ["ResultsStore", "library_versions", "row_key", "KEY_FIELDS"]
@@ -99,7 +99,7 @@ class ResultsStore:
                 previous = None
         full = dict(config)
         full["versions"] = library_versions()
-        full["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        full["updated"] = datetime.now(UTC).isoformat(timespec="seconds")
         if previous is not None:
             history = previous.pop("history", [])
             if {k: v for k, v in previous.items() if k not in ("updated", "versions")} != config:

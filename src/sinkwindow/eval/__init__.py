@@ -1,0 +1,1 @@
+"""Long-context evaluation: data generators, scorers and runners."""

@@ -1,0 +1,328 @@
+"""Run the long-context evaluation for one model and several methods into a results store.
+
+One model is loaded once. For every method it is patched (``apply``), converted (the trained
+linear baselines) or left as it is (``full``). Samples are generated once per (task, length) from
+the tokenizer and the seed, so every method sees the same prompts. Each finished sample is
+appended to ``results.jsonl`` before the next one starts. A re-run skips what is already there.
+
+Tasks:
+    ``ppl``                             perplexity of essay windows at each length (chunked stream)
+    ``niah_single_1/2/3``               RULER S-NIAH (greedy decoding, string match, 0/100)
+    ``babilong_qa1`` .. ``babilong_qa5`` BABILong (greedy decoding, compare_answers, 0/100)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..models import load
+from ..patch import apply, make_cache
+from ..prefill import prefill
+from ..spec import MethodSpec, parse_spec
+from .results import ResultsStore
+
+__all__ = ["EvalConfig", "run_eval", "ALL_TASKS", "NIAH_TASKS", "BABILONG_TASKS", "greedy_generate"]
+
+logger = logging.getLogger(__name__)
+
+NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
+BABILONG_TASKS = tuple(f"babilong_qa{i}" for i in range(1, 6))
+ALL_TASKS = ("ppl", *NIAH_TASKS, *BABILONG_TASKS)
+
+
+@dataclass
+class EvalConfig:
+    """Everything that defines a run (written to ``config.json``).
+
+    Attributes:
+        lengths: token budgets for NIAH and BABILong (BABILong ``0`` means 0K: facts only).
+        ppl_lengths: window lengths for perplexity.
+        samples: samples per (task, length); ``ppl_windows`` essay windows per perplexity length.
+        niah_max_new_tokens: decoding cap for NIAH. RULER decodes up to 128 tokens (and the haystack
+            is always sized with 128 reserved). ``None`` ("auto") decodes the reference answer's
+            token count + 16, which is all string matching can use; both stop at EOS. Anything
+            below 128 is recorded as a deviation.
+        checkpoints: trained checkpoints for linear baselines, by method string.
+        babilong_chat: wrap BABILong prompts in the model's chat template (BABILong does this for
+            instruct models).
+    """
+
+    model: str = "smollm2-135m"
+    methods: list[str] = field(default_factory=lambda: ["full", "swa:64:4", "swa:64:0", "swa:256:4"])
+    tasks: list[str] = field(default_factory=lambda: list(ALL_TASKS))
+    lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
+    babilong_lengths: list[int] | None = None
+    ppl_lengths: list[int] = field(default_factory=lambda: [2048])
+    samples: int = 10
+    ppl_windows: int = 2
+    seed: int = 42
+    chunk_size: int = 512
+    niah_max_new_tokens: int | None = 128
+    babilong_chat: bool = True
+    native_sliding: str = "override"
+    checkpoints: dict[str, str] = field(default_factory=dict)
+    ppl_bucket: int = 128
+
+    def __post_init__(self) -> None:
+        self.methods = [str(parse_spec(m)) for m in self.methods]
+        unknown = [t for t in self.tasks if t not in ALL_TASKS]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(ALL_TASKS)}")
+        if self.samples <= 0 or self.ppl_windows <= 0:
+            raise ValueError("samples and ppl_windows must be positive")
+        for m in self.methods:
+            spec = parse_spec(m)
+            if spec.is_linear and m not in self.checkpoints:
+                raise ValueError(
+                    f"method {m} is a trained baseline: give its checkpoint (--checkpoint {m}=PATH); "
+                    f"train one with `sinkwindow train --method {m}`"
+                )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def greedy_generate(model, input_ids: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int], chunk_size: int) -> list[int]:
+    """Greedy continuation of ``input_ids`` ``[1, n]`` through the method's cache.
+
+    The prompt goes through chunked prefill (O(n·w) for SWA), then tokens are decoded one by one;
+    decoding stops at any of ``eos_ids``.
+    """
+    logits, cache = prefill(model, input_ids, chunk_size=chunk_size, cache=make_cache(model))
+    eos = set(eos_ids)
+    out: list[int] = []
+    nxt = int(logits[0].argmax())
+    device = input_ids.device
+    for _ in range(max_new_tokens):
+        if nxt in eos:
+            break
+        out.append(nxt)
+        if len(out) == max_new_tokens:
+            break
+        step = model(torch.tensor([[nxt]], device=device), cache=cache, use_cache=True)
+        nxt = int(step.logits[0, -1].argmax())
+    return out
+
+
+def _eos_ids(tokenizer, model) -> list[int]:
+    ids = set()
+    for src in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return sorted(ids)
+
+
+class _MethodSwitch:
+    """Puts one loaded model into each method in turn (patch, convert, or restore)."""
+
+    def __init__(self, model, config: EvalConfig):
+        self.model = model
+        self.config = config
+        self.current: MethodSpec | None = None
+
+    def use(self, method: str):
+        spec = parse_spec(method)
+        if self.current is not None and self.current.is_linear:
+            from ..linear import revert
+
+            revert(self.model)
+        apply(self.model, "full")
+        if spec.is_linear:
+            from ..linear import load_linear
+
+            self.model = load_linear(self.model, spec, self.config.checkpoints[method])
+        elif not spec.is_full:
+            apply(self.model, spec, native_sliding=self.config.native_sliding)
+        self.current = spec
+        return self.model
+
+
+def _build_samples(task: str, tokenizer, length: int, config: EvalConfig):
+    if task in NIAH_TASKS:
+        from .niah import generate_niah
+
+        return generate_niah(task, tokenizer, length, config.samples, seed=config.seed)
+    if task in BABILONG_TASKS:
+        from .babilong import generate_babilong
+
+        return generate_babilong(task.removeprefix("babilong_"), tokenizer, length, config.samples, seed=config.seed)
+    raise ValueError(task)
+
+
+def _babilong_input(sample, tokenizer, chat: bool) -> str:
+    if chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": sample.prompt}], tokenize=False, add_generation_prompt=True
+        )
+    return sample.prompt
+
+
+def _encode(tokenizer, text: str, chat_wrapped: bool) -> torch.Tensor:
+    # A chat template already carries BOS where the model wants it; raw prompts get the
+    # tokenizer's own special tokens (Gemma needs <bos>, SmolLM2 adds none).
+    return tokenizer(text, return_tensors="pt", add_special_tokens=not chat_wrapped).input_ids
+
+
+def _task_lengths(task: str, config: EvalConfig) -> list[int]:
+    if task == "ppl":
+        return list(config.ppl_lengths)
+    if task in BABILONG_TASKS and config.babilong_lengths is not None:
+        return list(config.babilong_lengths)
+    return list(config.lengths)
+
+
+def plan_size(config: EvalConfig) -> int:
+    total = 0
+    for task in config.tasks:
+        per = config.ppl_windows if task == "ppl" else config.samples
+        total += per * len(_task_lengths(task, config))
+    return total * len(config.methods)
+
+
+def run_eval(
+    config: EvalConfig,
+    out_dir: str,
+    model_and_tokenizer: tuple | None = None,
+    progress: bool = True,
+    on_row: Callable[[dict], None] | None = None,
+) -> ResultsStore:
+    """Run (or resume) every (method, task, length, sample) of ``config`` into ``out_dir``.
+
+    Returns:
+        The results store (``store.rows()`` holds every finished sample, old and new).
+    """
+    store = ResultsStore(out_dir, {"kind": "long-context", **config.to_dict(), "deviations": _deviations(config)})
+    model, tokenizer = model_and_tokenizer or load(config.model)
+    switch = _MethodSwitch(model, config)
+    eos = _eos_ids(tokenizer, model)
+    samples_cache: dict[tuple[str, int], list] = {}
+    ppl_cache: dict[int, list[torch.Tensor]] = {}
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=plan_size(config), desc="evaluating", unit="sample")
+    try:
+        for method in config.methods:
+            model = None
+            for task in config.tasks:
+                for length in _task_lengths(task, config):
+                    n = config.ppl_windows if task == "ppl" else config.samples
+                    base = {"model": config.model, "task": task, "method": method, "length": length, "seed": config.seed}
+                    todo = [i for i in range(n) if not store.has({**base, "index": i})]
+                    if bar is not None:
+                        bar.update(n - len(todo))
+                    if not todo:
+                        continue
+                    if model is None:
+                        model = switch.use(method)
+                    if bar is not None:
+                        bar.set_postfix_str(f"{method} {task} {length}")
+                    for i in todo:
+                        t0 = time.perf_counter()
+                        if task == "ppl":
+                            row = _run_ppl(model, tokenizer, length, i, config, ppl_cache)
+                        else:
+                            key = (task, length)
+                            if key not in samples_cache:
+                                samples_cache[key] = _build_samples(task, tokenizer, length, config)
+                            row = _run_sample(model, tokenizer, task, samples_cache[key][i], config, eos)
+                        row.update(base, index=i, seconds=round(time.perf_counter() - t0, 3))
+                        store.append(row)
+                        if on_row is not None:
+                            on_row(row)
+                        if bar is not None:
+                            bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        if switch.current is not None and not switch.current.is_full:
+            switch.use("full")
+    return store
+
+
+def _run_ppl(model, tokenizer, length: int, index: int, config: EvalConfig, cache: dict) -> dict:
+    from .perplexity import essay_token_windows, perplexity
+
+    if length not in cache:
+        cache[length] = essay_token_windows(tokenizer, length, config.ppl_windows)
+    res = perplexity(model, cache[length][index], chunk_size=config.chunk_size, bucket_size=config.ppl_bucket)
+    return {
+        "score": res.ppl,
+        "metric": "ppl",
+        "nll_sum": res.nll_sum,
+        "n_tokens": res.n_tokens,
+        "bucket_size": res.bucket_size,
+        "bucket_nll_sum": res.bucket_nll_sum,
+        "bucket_count": res.bucket_count,
+    }
+
+
+def _run_sample(model, tokenizer, task: str, sample, config: EvalConfig, eos: list[int]) -> dict:
+    if task in NIAH_TASKS:
+        from .niah import ruler_string_match
+
+        text = sample.text
+        ids = _encode(tokenizer, text, chat_wrapped=False)
+        cap = config.niah_max_new_tokens
+        if cap is None:
+            cap = max(len(tokenizer(o, add_special_tokens=False).input_ids) for o in sample.outputs) + 16
+        max_new = min(sample.max_new_tokens, cap)
+        pred_ids = greedy_generate(model, ids, max_new, eos, config.chunk_size)
+        pred = tokenizer.decode(pred_ids, skip_special_tokens=True)
+        return {
+            "score": ruler_string_match(pred, sample.outputs),
+            "metric": "string_match",
+            "prediction": pred,
+            "answer": sample.outputs,
+            "depth": sample.depth,
+            "n_prompt_tokens": int(ids.shape[1]),
+        }
+    text = _babilong_input(sample, tokenizer, config.babilong_chat)
+    ids = _encode(tokenizer, text, chat_wrapped=text != sample.prompt)
+    pred_ids = greedy_generate(model, ids, sample.max_new_tokens, eos, config.chunk_size)
+    pred = tokenizer.decode(pred_ids, skip_special_tokens=True)
+    return {
+        "score": sample.score(pred),
+        "metric": "compare_answers",
+        "prediction": pred,
+        "answer": sample.target,
+        "question": sample.question,
+        "n_prompt_tokens": int(ids.shape[1]),
+    }
+
+
+def _deviations(config: EvalConfig) -> list[str]:
+    out = []
+    cap = config.niah_max_new_tokens
+    if cap is None or cap < 128:
+        what = "the answer's token count + 16" if cap is None else str(cap)
+        out.append(
+            f"S-NIAH decodes at most {what} tokens (RULER: 128; the haystack is still sized with 128 "
+            f"reserved), stopping at EOS"
+        )
+    if any(t in BABILONG_TASKS for t in config.tasks):
+        try:
+            from .babilong import DEVIATIONS
+
+            out.extend(f"BABILong: {d}" for d in DEVIATIONS)
+        except ImportError:
+            pass
+        out.append("BABILong facts come from sinkwindow's seeded bAbI generator (tasks 1-5), not the released test set")
+    if any(t in NIAH_TASKS for t in config.tasks):
+        try:
+            from .niah import DEVIATIONS as NIAH_DEV
+
+            out.extend(f"S-NIAH: {d}" for d in NIAH_DEV)
+        except ImportError:
+            pass
+    return out

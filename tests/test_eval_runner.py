@@ -1,0 +1,139 @@
+"""The evaluation runner, the resumable results store and the report, on a tiny random model."""
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from sinkwindow.eval.report import summarize, write_report
+from sinkwindow.eval.results import ResultsStore
+from sinkwindow.eval.runner import EvalConfig, plan_size, run_eval
+
+pytest.importorskip("sinkwindow.eval.haystack")
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from test_niah import make_byte_bpe
+
+    tok = make_byte_bpe()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return LlamaForCausalLM(cfg).eval(), tok
+
+
+def _config(**kw):
+    base = dict(model="tiny", methods=["full", "swa:16:4"], tasks=["ppl", "niah_single_1", "babilong_qa1"],
+                lengths=[512], babilong_lengths=[0, 512], ppl_lengths=[256], samples=2, ppl_windows=2,
+                niah_max_new_tokens=4, chunk_size=64, babilong_chat=False)
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+def test_store_appends_resumes_and_survives_a_torn_line(tmp_path):
+    store = ResultsStore(tmp_path, {"a": 1})
+    row = {"model": "m", "task": "t", "method": "full", "length": 1, "seed": 0, "index": 0, "score": 100.0}
+    store.append(row)
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"model": "m", "task": "t", "meth')  # killed mid-write
+    again = ResultsStore(tmp_path, {"a": 2})
+    assert len(again) == 1 and again.has(row)
+    assert not again.has({**row, "index": 1})
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["a"] == 2 and cfg["history"][0]["a"] == 1 and "torch" in cfg["versions"]
+    again.append({**row, "index": 1})
+    assert [r["index"] for r in ResultsStore(tmp_path).rows()] == [0, 1]
+
+
+def test_run_writes_every_sample_once_and_skips_done_work(tiny_pair, tmp_path):
+    cfg = _config()
+    store = run_eval(cfg, tmp_path, model_and_tokenizer=tiny_pair, progress=False)
+    assert len(store) == plan_size(cfg) == 2 * (2 + 2 + 4)
+    for r in store.rows():
+        assert {"task", "method", "length", "score", "index", "seed", "seconds"} <= set(r)
+        if r["task"] != "ppl":
+            assert r["score"] in (0.0, 100.0)
+    seen = []
+    run_eval(cfg, tmp_path, model_and_tokenizer=tiny_pair, progress=False, on_row=seen.append)
+    assert seen == []  # nothing redone
+    assert sinkwindow_is_unpatched(tiny_pair[0])
+
+
+def sinkwindow_is_unpatched(model) -> bool:
+    import sinkwindow
+
+    return sinkwindow.active_spec(model).is_full
+
+
+def test_kill_midway_and_resume_loses_nothing(tiny_pair, tmp_path):
+    """A run killed hard (os._exit) after 3 samples keeps them; the re-run does only the rest."""
+    model, tok = tiny_pair
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    script = textwrap.dedent(f"""
+        import os, torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from sinkwindow.eval.runner import EvalConfig, run_eval
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'model')!r}).eval()
+        t = AutoTokenizer.from_pretrained({str(tmp_path / 'model')!r})
+        n = []
+        def crash(row):
+            n.append(row)
+            if len(n) == 3:
+                os._exit(17)
+        cfg = EvalConfig(**{_config().to_dict()!r})
+        run_eval(cfg, {str(tmp_path / 'run')!r}, model_and_tokenizer=(m, t), progress=False, on_row=crash)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    before = ResultsStore(tmp_path / "run").rows()
+    assert len(before) == 3
+    redone = []
+    store = run_eval(_config(), tmp_path / "run", model_and_tokenizer=tiny_pair, progress=False, on_row=redone.append)
+    assert len(redone) == plan_size(_config()) - 3
+    keys = [(r["task"], r["method"], r["length"], r["index"]) for r in store.rows()]
+    assert len(keys) == len(set(keys)) == plan_size(_config())
+    assert store.rows()[:3] == before
+
+
+def test_report_numbers_come_from_the_rows(tmp_path):
+    rows = []
+    for method, scores in (("full", [100, 100, 100, 0]), ("swa:64:4", [100, 0, 0, 0])):
+        for i, s in enumerate(scores):
+            rows.append(dict(model="m", task="niah_single_2", method=method, length=512 * (1 + i // 2), seed=0,
+                             index=i % 2, score=float(s), depth=10.0 * i))
+        for q, s in (("babilong_qa1", 100.0), ("babilong_qa2", 0.0)):
+            rows.append(dict(model="m", task=q, method=method, length=0, seed=0, index=0, score=s))
+        rows.append(dict(model="m", task="ppl", method=method, length=256, seed=0, index=0, nll_sum=255 * 2.0,
+                         n_tokens=255, bucket_size=128, bucket_nll_sum=[127 * 1.0, 128 * 3.0],
+                         bucket_count=[127, 128], score=math.exp(2.0)))
+    s = summarize(rows)
+    acc = s["accuracy"]["niah_single_2"]
+    assert acc["full"][512] == {"mean": 100.0, "n": 2} and acc["full"][1024] == {"mean": 50.0, "n": 2}
+    assert acc["swa:64:4"][512]["mean"] == 50.0 and acc["swa:64:4"][1024]["mean"] == 0.0
+    assert s["accuracy"]["babilong"]["full"][0] == {"mean": 50.0, "n": 2}
+    assert math.isclose(s["ppl"]["full"][256]["ppl"], math.exp(2.0))
+    assert math.isclose(s["ppl_buckets"]["full"][256][128], math.exp(3.0))
+
+    store = ResultsStore(tmp_path, {"model": "m", "methods": ["full", "swa:64:4"], "seed": 0, "samples": 2})
+    store.extend(rows)
+    md = write_report(tmp_path).read_text()
+    # full averages 75 over lengths, swa 25: recovery 33.3%.
+    assert "| swa:64:4 | 50.0 <sub>n=2</sub> | 0.0 <sub>n=2</sub> | 25.0 | 33.3% |" in md
+    for png in ("accuracy_vs_context.png", "niah_depth_heatmap.png", "ppl_by_position.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    assert "<table>" in (tmp_path / "report.html").read_text()
+
+
+def test_config_rejects_unknown_tasks_and_untrained_baselines():
+    with pytest.raises(ValueError, match="unknown task"):
+        _config(tasks=["niah_multi"])
+    with pytest.raises(ValueError, match="sinkwindow train"):
+        _config(methods=["full", "lolcats:64"])

@@ -40,3 +40,24 @@ def test_smollm2_bounded_cache_generate_matches_masked_forward(smollm2):
         assert max(cache.persisted_lengths()) == 31
         out = model.generate(ids, cache=sinkwindow.make_cache(model), max_new_tokens=8, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 8
+
+
+def test_eval_cli_end_to_end_tiny(smollm2, tmp_path):
+    """`sinkwindow eval niah` on the real model at a tiny size: rows, config and report land."""
+    import json
+
+    from sinkwindow.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["eval", "niah", "--tasks", "niah_single_2", "--lengths", "512", "--samples", "1",
+               "--methods", "full,swa:64:4", "--niah-max-new-tokens", "0", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["task"], r["length"]) for r in rows] == [
+        ("full", "niah_single_2", 512),
+        ("swa:64:4", "niah_single_2", 512),
+    ]
+    assert all(r["score"] in (0.0, 100.0) and r["n_prompt_tokens"] <= 512 - 128 for r in rows)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == "smollm2-135m" and config["versions"]["transformers"]
+    assert "S-NIAH-2" in (out / "report.md").read_text()

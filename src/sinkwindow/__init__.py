@@ -11,7 +11,8 @@ Importing the package has no side effects; attention implementations are registe
 transformers the first time ``apply`` runs.
 """
 
-from .cache import SinkWindowCache, SinkWindowLayer
+from .cache import SinkWindowCache, SinkWindowLayer, StaticSinkWindowCache
+from .generate import DecodeStep, decode_speed, generate
 from .models import DEFAULT_MODEL, PACKAGED_MODELS, list_models, load
 from .patch import SUPPORTED_MODEL_TYPES, active_spec, apply, make_cache
 from .prefill import PrefillResult, prefill
@@ -35,4 +36,8 @@ __all__ = [
     "PACKAGED_MODELS",
     "DEFAULT_MODEL",
     "__version__",
+    "StaticSinkWindowCache",
+    "generate",
+    "DecodeStep",
+    "decode_speed",
 ]

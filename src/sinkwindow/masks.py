@@ -8,10 +8,14 @@ positions. SWA(w, s) is one overlay composed with the stock primitives::
 so query i sees key j iff ``j <= i and (j < s or j > i - (w - s))``: s sinks plus the w - s most
 recent keys, itself included (DESIGN.md §1).
 
-Our bounded cache stores keys out of order: physical slots ``0..s-1`` hold the sinks (absolute
-``0..s-1``) and slot ``p >= s`` holds absolute ``kv_offset + p`` (see ``cache.SinkWindowLayer``).
-The builders map physical slots back to absolute positions before evaluating the mask function;
-with ``kv_offset == 0`` (no eviction yet, or no cache) the mapping is the identity.
+Positions count each row's *real* tokens (``token_positions``: ``cumsum - 1`` of the padding mask, as
+``generate`` computes them), so under padding the sinks are each row's first s real tokens.
+
+Our bounded cache stores keys out of order, and tells the builders where through ``get_mask_sizes``'s
+offset (a ``cache.SlotOffset``): either the contiguous layout (physical slots ``0..s-1`` hold the sinks,
+slot ``p >= s`` holds ``kv_offset + p``; the identity while ``kv_offset == 0``), or per-row positions of
+every slot (padded batches, the static ring buffer). With ``positions="cache"`` a chunk's queries may
+also get private sink copies appended after the main slots (``SlotOffset.copies``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "sink_overlay",
     "sink_window_mask_function",
     "slot_positions",
+    "token_positions",
     "build_sink_window_mask",
     "sinkwindow_sdpa_mask",
     "sinkwindow_eager_mask",
@@ -42,33 +47,30 @@ __all__ = [
 PLAN_ATTR = "_sinkwindow"
 
 
-def sink_overlay(sinks: int, token_rank: torch.Tensor | None = None) -> Callable:
-    """Overlay admitting the first ``sinks`` tokens.
-
-    Args:
-        sinks: s.
-        token_rank: optional ``(batch, total_len)`` rank of each position among the row's real
-            (non-padding) tokens; with it the sinks are the first s *real* tokens of each row.
-    """
+def sink_overlay(sinks: int) -> Callable:
+    """Overlay admitting the first ``sinks`` positions (each row's first s real tokens: positions count
+    real tokens only, see ``token_positions``)."""
 
     def inner(batch_idx, head_idx, q_idx, kv_idx):
-        if token_rank is None:
-            return kv_idx < sinks
-        return token_rank[batch_idx, kv_idx] < sinks
+        return kv_idx < sinks
 
     return inner
 
 
-def sink_window_mask_function(window: int, sinks: int, token_rank: torch.Tensor | None = None) -> Callable:
-    """The SWA(w, s) mask function over absolute positions: ``causal AND (sink OR recent)``."""
+def sink_window_mask_function(window: int | None, sinks: int) -> Callable:
+    """The SWA(w, s) mask function over positions: ``causal AND (sink OR recent)``; ``window=None``: causal."""
+    if window is None:
+        return causal_mask_function
     recent = sliding_window_overlay(window - sinks)  # kv > q - (w - s)
     if sinks == 0:
         return and_masks(causal_mask_function, recent)
-    return and_masks(causal_mask_function, or_masks(sink_overlay(sinks, token_rank), recent))
+    return and_masks(causal_mask_function, or_masks(sink_overlay(sinks), recent))
 
 
-def slot_positions(kv_length: int, kv_offset: int, sink_slots: int, device: torch.device | str) -> torch.Tensor:
-    """Absolute position of each physical key slot.
+def slot_positions(
+    kv_length: int, kv_offset: int, sink_slots: int, device: torch.device | str
+) -> torch.Tensor:
+    """Absolute position of each physical key slot of the contiguous layout.
 
     Args:
         sink_slots: how many leading slots hold the sinks (0 for a contiguous cache).
@@ -82,69 +84,116 @@ def slot_positions(kv_length: int, kv_offset: int, sink_slots: int, device: torc
     return torch.where(slots < sink_slots, slots, slots + kv_offset)
 
 
+def token_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, columns]`` position of each column among its row's real tokens; -1 for padding.
+
+    The same positions transformers' ``generate`` gives left-padded rows (``cumsum - 1``).
+    """
+    mask = attention_mask.to(torch.bool)
+    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1)
+
+
+def _positions(
+    q_length: int,
+    kv_length: int,
+    q_offset: int,
+    kv_offset: int,
+    attention_mask: torch.Tensor | None,
+    sinks: int,
+    window: int | None,
+    device,
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Positions of the queries ``[batch|1, q]`` and main key slots ``[batch|1, n_main]``, plus sink copies."""
+    layout_sinks = getattr(kv_offset, "sinks", None)
+    copies = getattr(kv_offset, "copies", 0)
+    copy_sinks = layout_sinks if copies else 0
+    n_main = kv_length - copies * copy_sinks
+    kv_pos = getattr(kv_offset, "kv_pos", None)
+    if kv_pos is not None:
+        # Our cache's per-row layout (padding, static ring buffer).
+        q_pos = kv_offset.q_pos.to(device)
+        return q_pos, kv_pos.to(device), copies, copy_sinks
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if layout_sinks is not None:
+        if padded:
+            raise ValueError(
+                "padding reached the mask but not the cache: call the patched model itself (its forward pre-hook "
+                "hands the attention_mask to the sinkwindow cache), not its inner decoder"
+            )
+        q_pos = (torch.arange(q_length, device=device) + q_offset)[None]
+        return q_pos, slot_positions(n_main, int(kv_offset), layout_sinks, device)[None], copies, copy_sinks
+    # A stock transformers cache (contiguous) or no cache. Once it has dropped keys it no longer holds
+    # the sinks, nor necessarily the whole window.
+    if kv_offset > 0 and window is not None and (sinks > 0 or kv_length - q_length + 1 < window):
+        raise ValueError(
+            "this cache has already evicted keys that SWA(w, s) still needs (a stock transformers "
+            "sliding-window cache?): pass cache=sinkwindow.make_cache(model) to forward()/generate()"
+        )
+    if padded:
+        total = kv_offset + kv_length
+        if attention_mask.shape[-1] < total:  # a preallocated cache: unwritten slots count as padding
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, total - attention_mask.shape[-1]))
+        pos = token_positions(attention_mask.to(device))
+        return pos[:, q_offset : q_offset + q_length], pos[:, kv_offset:total], 0, 0
+    q_pos = (torch.arange(q_length, device=device) + q_offset)[None]
+    return q_pos, (torch.arange(kv_length, device=device) + kv_offset)[None], 0, 0
+
+
 def build_sink_window_mask(
     batch_size: int,
     q_length: int,
     kv_length: int,
     q_offset: int,
     kv_offset: int,
-    window: int,
+    window: int | None,
     sinks: int,
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Boolean SWA(w, s) mask over the physical key slots.
 
+    Positions count each row's real tokens only, so under padding the sinks are each row's first s real
+    tokens and padding is never attended.
+
     Args:
-        q_offset: absolute position of the first query.
-        kv_offset: the cache's reported offset (see ``slot_positions``).
-        attention_mask: optional 2D padding mask ``(batch, total_len)`` over absolute positions
-            (1 = real token). Sinks then are each row's first ``sinks`` real tokens.
+        q_offset: column of the first query.
+        kv_offset: the cache's reported offset: a ``cache.SlotOffset`` (our layouts, see
+            ``cache.SinkWindowLayer``) or a plain int (a stock contiguous cache, or none).
+        window: w, or ``None`` for plain causal attention over positions (evict's dense prompt).
+        attention_mask: optional 2D padding mask ``(batch, columns)`` (1 = real token), used when the
+            offset does not already carry per-row positions.
 
     Returns:
         ``(batch, 1, q_length, kv_length)`` bool, True where the query attends the key.
     """
-    sink_slots = getattr(kv_offset, "sinks", None)
-    if sink_slots is None:
-        # A contiguous cache (stock DynamicCache / DynamicSlidingWindowLayer). Once it has dropped
-        # keys it no longer holds the sinks, nor necessarily the whole window.
-        if kv_offset > 0 and (sinks > 0 or kv_length - q_length + 1 < window):
-            raise ValueError(
-                "this cache has already evicted keys that SWA(w, s) still needs (a stock transformers "
-                "sliding-window cache?): pass cache=sinkwindow.make_cache(model) to forward()/generate()"
-            )
-        sink_slots = 0
-    kv_offset = int(kv_offset)
-    kv_abs = slot_positions(kv_length, kv_offset, sink_slots, device)
-    q_abs = torch.arange(q_length, device=device) + q_offset
-    token_rank = None
-    padding = None
-    if attention_mask is not None:
-        attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-        if not bool(attention_mask.all()):
-            if sinks > 0 and kv_offset > 0:
-                raise NotImplementedError(
-                    "padding the cache cannot honour: once a bounded cache has evicted keys, its sink slots "
-                    "are the first s positions of the batch, not each row's first s real tokens; run "
-                    "padded rows one at a time (or without padding) for now"
-                )
-            padding = attention_mask
-            token_rank = attention_mask.long().cumsum(-1) - 1
-            # Padding slots get a huge rank so they never count as sinks.
-            token_rank = torch.where(attention_mask, token_rank, torch.iinfo(torch.long).max)
-    fn = sink_window_mask_function(window, sinks, token_rank)
-    b = torch.arange(batch_size, device=device)[:, None, None, None]
+    q_pos, kv_pos, copies, copy_sinks = _positions(
+        q_length, kv_length, q_offset, kv_offset, attention_mask, sinks, window, device
+    )
+    fn = sink_window_mask_function(window, sinks)
+    b = torch.arange(max(q_pos.shape[0], kv_pos.shape[0]), device=device)[:, None, None, None]
     h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-    q = q_abs[None, None, :, None]
-    kv = kv_abs[None, None, None, :]
-    mask = fn(b, h, q, kv)
-    if padding is not None:
-        mask = mask & padding[b, kv]
+    q = q_pos[:, None, :, None]
+    kv = kv_pos[:, None, None, :]
+    mask = fn(b, h, q, kv) & (kv >= 0) & (q >= 0)
+    if copies:
+        # Cache position mode: each query of this chunk sees its sinks only through its own copies,
+        # rotated to its own distance (cache.SinkWindowLayer._sink_copies).
+        mask = mask & (kv >= copy_sinks)
+        t = torch.arange(q_length, device=device)
+        j = torch.arange(copy_sinks, device=device)
+        own = (t[:, None, None] == t[None, :, None]).expand(q_length, q_length, copy_sinks)  # [q, q', s]
+        seen = j[None, None, :] <= q_pos[:, :, None, None]  # [B, q, 1, s] causal: sink j exists by then
+        seen = seen & (q_pos[:, :, None, None] >= 0)
+        copy_mask = (own[None] & seen).reshape(seen.shape[0], 1, q_length, q_length * copy_sinks)
+        mask = torch.cat([mask, copy_mask.expand(mask.shape[0], 1, q_length, -1)], dim=-1)
     return mask.expand(batch_size, 1, q_length, kv_length)
 
 
-def _plan_for_call(config, local_size: int | None, q_offset: int) -> tuple[int, int] | None:
-    """(window, sinks) this mask call should use, or None for the stock causal/sliding mask."""
+DENSE = "dense"
+
+
+def _plan_for_call(config, local_size: int | None, q_offset: int) -> tuple[int, int] | str | None:
+    """(window, sinks) this mask call should use, ``DENSE`` for causal-only, or None for the stock mask."""
     plan = getattr(config, PLAN_ATTR, None) if config is not None else None
     if not plan:
         return None
@@ -153,8 +202,9 @@ def _plan_for_call(config, local_size: int | None, q_offset: int) -> tuple[int, 
         # sliding mask is kv > q - w, which is exactly SWA(w, 0).
         return local_size, 0
     if plan["kind"] == "evict" and q_offset == 0:
-        # evict:W:S runs dense attention over the prompt (the first forward) and windows decoding.
-        return None
+        # evict:W:S runs the model as it is over the prompt (the first forward: dense, or a native
+        # layer's own window) and windows decoding.
+        return (local_size, 0) if local_size is not None else DENSE
     return plan["window"], plan["sinks"]
 
 
@@ -179,7 +229,7 @@ def sinkwindow_sdpa_mask(
     """Mask builder registered with ``AttentionMaskInterface`` for ``sinkwindow_sdpa``: bool mask."""
     q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
     choice = _plan_for_call(config, local_size, q_offset)
-    if choice is None:
+    if choice is None or (choice == DENSE and getattr(kv_offset, "kv_pos", None) is None):
         kv_offset = int(kv_offset)
         return sdpa_mask(
             batch_size=batch_size,
@@ -193,7 +243,7 @@ def sinkwindow_sdpa_mask(
             device=device,
             **kwargs,
         )
-    window, sinks = choice
+    window, sinks = (None, 0) if choice == DENSE else choice
     return build_sink_window_mask(
         batch_size, q_length, kv_length, q_offset, kv_offset, window, sinks, attention_mask, device
     )
@@ -219,7 +269,7 @@ def sinkwindow_eager_mask(
     """
     q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
     choice = _plan_for_call(config, local_size, q_offset)
-    if choice is None:
+    if choice is None or (choice == DENSE and getattr(kv_offset, "kv_pos", None) is None):
         kv_offset = int(kv_offset)
         kwargs.pop("allow_is_causal_skip", None)
         return eager_mask(
@@ -234,7 +284,7 @@ def sinkwindow_eager_mask(
             device=device,
             **kwargs,
         )
-    window, sinks = choice
+    window, sinks = (None, 0) if choice == DENSE else choice
     mask = build_sink_window_mask(
         batch_size, q_length, kv_length, q_offset, kv_offset, window, sinks, attention_mask, device
     )

@@ -7,14 +7,20 @@ function, or the model's own eager function) **and** a mask builder of the same 
 find no builder and silently pass no mask at all (DESIGN §2). The window and sinks reach the
 builder through the model config (``config._sinkwindow``, a plain dict).
 
+A forward pre-hook on the patched model plans each step on our cache (``SinkWindowCache.begin_step``):
+it hands the cache the 2-D padding mask, and the model the ``position_ids`` it must use (real-token
+positions under padding; cache positions for ``positions="cache"``). So ``model(...)`` and
+``model.generate(...)`` honour padding and both position modes with no other change.
+
 No model forward code is copied or modified; ``apply(model, "full")`` or leaving the ``with``
-block restores the original implementation.
+block restores the original implementation (and removes the hooks).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -23,8 +29,9 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from .cache import SinkWindowCache
-from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask
+from .cache import SinkWindowCache, StaticSinkWindowCache
+from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
+from .rope import rope_for_model
 from .spec import MethodSpec, parse_spec
 
 __all__ = [
@@ -94,7 +101,9 @@ def text_config(model: PreTrainedModel):
 def check_supported(model: PreTrainedModel) -> None:
     """Raise a ValueError naming the supported families if ``model`` is not one of them."""
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"sinkwindow patches transformers PreTrainedModel instances, got {type(model).__name__}")
+        raise TypeError(
+            f"sinkwindow patches transformers PreTrainedModel instances, got {type(model).__name__}"
+        )
     types = {model.config.model_type, text_config(model).model_type}
     if not types & set(SUPPORTED_MODEL_TYPES):
         raise ValueError(
@@ -103,7 +112,9 @@ def check_supported(model: PreTrainedModel) -> None:
             f"interfaces); other families may work but are untested"
         )
     if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("encoder-decoder models are not supported: SWA(w, s) applies to decoder-only causal LMs")
+        raise ValueError(
+            "encoder-decoder models are not supported: SWA(w, s) applies to decoder-only causal LMs"
+        )
 
 
 def native_sliding_layers(config) -> list[bool]:
@@ -190,10 +201,8 @@ def apply(
             f"{spec} is a trained linear-attention baseline: convert the model with sinkwindow.linear "
             f"(or sinkwindow.load(name, method='{spec}', checkpoint=...)) instead of apply()"
         )
-    if spec.positions != "absolute":
-        raise NotImplementedError(
-            f"position mode {spec.positions!r} is not available yet; use absolute positions (e.g. swa:{spec.window}:{spec.sinks})"
-        )
+    if spec.positions == "cache":
+        rope_for_model(model, getattr(text_config(model), "layer_types", None))  # unsupported RoPE: fail now
 
     _register()
     if state is None:
@@ -217,12 +226,15 @@ def apply(
     model.set_attn_implementation(name)
     state["spec"] = spec
     state["native_sliding"] = native_sliding
+    _install_hooks(model)
     if not isinstance(model, _SinkWindowContext):
         model.__class__ = _context_class(type(model))
     return model
 
 
 def _restore(model: PreTrainedModel, state: dict) -> None:
+    for handle in _HOOKS.pop(model, []):
+        handle.remove()
     model.__class__ = state["cls"]
     for cfg in _all_configs(model):
         cfg.__dict__.pop(PLAN_ATTR, None)
@@ -230,11 +242,15 @@ def _restore(model: PreTrainedModel, state: dict) -> None:
     delattr(model, _STATE_ATTR)
 
 
-def make_cache(model: PreTrainedModel) -> Cache:
+def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     """A cache for the model's active spec.
 
     For ``swa``/``evict`` a ``SinkWindowCache`` whose layers never persist more than w - 1 keys
     (w with the current query); for ``full`` (unpatched) a stock ``DynamicCache``.
+
+    Args:
+        static: a ``StaticSinkWindowCache`` of fixed-shape ring buffers (``w`` slots a layer, allocated
+            on the first forward) for ``torch.compile``d decoding.
     """
     factory = getattr(model, "_sinkwindow_cache_factory", None)
     if factory is not None:
@@ -242,6 +258,8 @@ def make_cache(model: PreTrainedModel) -> Cache:
         return factory()
     state = getattr(model, _STATE_ATTR, None)
     if not state:
+        if static:
+            raise ValueError("static=True needs a sink-window spec: sinkwindow.apply(model, 'swa:W:S') first")
         return DynamicCache(config=model.config)
     spec: MethodSpec = state["spec"]
     tcfg = text_config(model)
@@ -254,4 +272,67 @@ def make_cache(model: PreTrainedModel) -> Cache:
     layers = [
         (native_window, 0, True) if is_native else (spec.window, spec.sinks, False) for is_native in native
     ]
-    return SinkWindowCache(layers)
+    ropes = rope_for_model(model, getattr(tcfg, "layer_types", None)) if spec.positions == "cache" else None
+    cls = StaticSinkWindowCache if static else SinkWindowCache
+    return cls(
+        layers, positions=spec.positions, ropes=ropes, window=spec.window, sinks=spec.sinks, kind=spec.kind
+    )
+
+
+# Forward hooks per patched model (kept out of the model so deep copies do not share handles).
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _install_hooks(model: PreTrainedModel) -> None:
+    if model in _HOOKS or any(h is _plan_forward for h in model._forward_pre_hooks.values()):
+        return
+    _HOOKS[model] = [
+        model.register_forward_pre_hook(_plan_forward, with_kwargs=True),
+        model.register_forward_hook(_close_forward, with_kwargs=True),
+    ]
+
+
+def _plan_forward(module, args, kwargs):
+    """Forward pre-hook: plan the step on our cache and hand the model the positions it must use.
+
+    - Padding: the cache learns each row's real tokens from the 2-D ``attention_mask`` (its sinks are
+      each row's first s real tokens), and the model gets ``position_ids`` counting real tokens only
+      (what ``generate`` computes for left padding) when none were given.
+    - ``positions="cache"``: ``position_ids`` are always the cache positions (any given are replaced),
+      and a forward without a cache runs through a fresh one, since the positions live there.
+    """
+    state = getattr(module, _STATE_ATTR, None)
+    if not state:
+        return None
+    x = kwargs.get("input_ids", args[0] if args else None)
+    if x is None:
+        x = kwargs.get("inputs_embeds")
+    if x is None:
+        return None
+    q_len = x.shape[1]
+    mask = kwargs.get("attention_mask")
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    spec: MethodSpec = state["spec"]
+    if cache is None and spec.positions == "cache":
+        cache = make_cache(module)
+        kwargs.pop("past_key_values", None)
+        kwargs["cache"] = cache
+        kwargs["use_cache"] = True
+    if not isinstance(cache, SinkWindowCache):
+        padded = isinstance(mask, torch.Tensor) and mask.ndim == 2 and not bool(mask.all())
+        if padded and kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = token_positions(mask)[:, -q_len:].clamp(min=0)
+        return args, kwargs
+    if isinstance(mask, torch.Tensor) and mask.ndim != 2:
+        raise ValueError("sinkwindow caches take a 2-D padding mask, not a prepared 4-D attention mask")
+    plan = cache.begin_step(q_len, mask, batch_size=x.shape[0], device=x.device)
+    if plan.model_pos is not None and (spec.positions == "cache" or kwargs.get("position_ids") is None):
+        kwargs["position_ids"] = plan.model_pos.expand(x.shape[0], -1)
+    return args, kwargs
+
+
+def _close_forward(module, args, kwargs, output):
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if isinstance(cache, SinkWindowCache):
+        cache.end_step()
+    return None

@@ -4,6 +4,11 @@ A one-shot forward over n tokens builds an n x n mask (128K tokens: 16 GB of boo
 keys per layer. Feeding the prompt in chunks of c tokens through ``SinkWindowCache`` gives every
 query exactly the keys SWA(w, s) allows (the cache returns sinks + recent + chunk) while nothing
 larger than ``w - 1 + c`` keys per layer ever exists.
+
+The result does not depend on c: padded batches (``attention_mask``) and ``positions="cache"`` (whose
+chunk queries get private sink copies, see ``cache``) give the same logits for any chunking, which the
+tests check against the fp64 reference. ``evict:W:S`` is the exception by definition: its prompt is one
+dense forward.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from .cache import SinkWindowCache
+from .masks import token_positions
 from .patch import active_spec, make_cache, text_config
 
 __all__ = ["prefill", "PrefillResult", "check_context"]
@@ -41,13 +48,30 @@ class PrefillResult:
         return iter((self.logits, self.cache))
 
 
-def check_context(model: PreTrainedModel, total_length: int) -> None:
-    """Raise if absolute positions would run past what the model was trained on."""
+def check_context(model: PreTrainedModel, total_length: int, chunk_size: int | None = None) -> None:
+    """Raise if the positions the model will see run past what it was trained on.
+
+    With absolute positions that is the stream length; with ``positions="cache"`` only the cache
+    positions count (at most ``w - 1 + chunk - 1``), so a stream may run past the trained context.
+    """
     limit = getattr(text_config(model), "max_position_embeddings", None)
-    if limit is not None and total_length > limit:
+    if limit is None:
+        return
+    spec = active_spec(model)
+    if spec.positions == "cache":
+        first = total_length if spec.kind == "evict" else 0  # evict's dense prompt keeps its positions
+        reach = max(first, spec.window - 1 + (chunk_size or 1))
+        if reach > limit:
+            raise ValueError(
+                f"positions='cache' puts a chunk of {chunk_size} tokens at cache positions up to {reach - 1}, beyond "
+                f"the model's limit of {limit} positions (max_position_embeddings); use a smaller chunk_size or window"
+            )
+        return
+    if total_length > limit:
         raise ValueError(
             f"context of {total_length} tokens is beyond the model's limit of {limit} positions "
-            f"(max_position_embeddings); shorten the input"
+            f"(max_position_embeddings); shorten the input, or stream it with positions='cache' "
+            f"(e.g. swa:{spec.window or 256}:{spec.sinks or 4}:cache)"
         )
 
 
@@ -57,6 +81,7 @@ def prefill(
     input_ids: torch.Tensor,
     chunk_size: int = 512,
     cache: Cache | None = None,
+    attention_mask: torch.Tensor | None = None,
     return_logits: str = "last",
     on_chunk: Callable[[int, torch.Tensor], None] | None = None,
     progress: bool = False,
@@ -65,9 +90,14 @@ def prefill(
 
     Args:
         model: a model patched with ``sinkwindow.apply`` (an unpatched one gets a growing cache).
-        input_ids: ``[batch, n]`` token ids (no padding; see issue tracker for padded batches).
+        input_ids: ``[batch, n]`` token ids.
         chunk_size: c, tokens per forward.
         cache: continue filling this cache instead of a fresh one.
+        attention_mask: ``[batch, n]`` padding mask of ``input_ids`` (1 = real token); left padding for
+            prompts that will be continued, right padding is fine for scoring. Each row then keeps its
+            own first s real tokens as sinks and positions count real tokens only, so every row gives
+            what it gives alone. Logits at padding positions are meaningless. Columns a continued
+            ``cache`` already holds count as real.
         return_logits: ``"last"``, ``"all"`` or ``"none"``.
         on_chunk: called as ``on_chunk(start, logits[batch, c, vocab])`` after each chunk, so a
             caller can score a stream without keeping all logits.
@@ -82,13 +112,21 @@ def prefill(
         raise ValueError(f"return_logits must be 'last', 'all' or 'none', got {return_logits!r}")
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, n], got shape {tuple(input_ids.shape)}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must match input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+        )
     cache = cache if cache is not None else make_cache(model)
     start0 = cache.get_seq_length()
     n = input_ids.shape[1]
-    check_context(model, start0 + n)
     if active_spec(model).kind == "evict" and start0 == 0:
         # evict:W:S is dense over the prompt by definition: one forward, then the cache evicts.
         chunk_size = max(n, 1)
+    check_context(model, start0 + n, chunk_size)
+    past_mask = None
+    if attention_mask is not None:
+        # transformers' convention: the mask covers every column so far.
+        past_mask = attention_mask.new_ones((attention_mask.shape[0], start0))
     kept: list[torch.Tensor] = []
     last = None
     bar = None
@@ -100,7 +138,14 @@ def prefill(
     for start in range(0, n, chunk_size):
         chunk = input_ids[:, start : start + chunk_size].to(device)
         keep = None if (return_logits == "all" or on_chunk is not None) else 1
-        out = model(chunk, cache=cache, use_cache=True, logits_to_keep=keep or 0)
+        extra = {}
+        if attention_mask is not None:
+            mask = torch.cat([past_mask, attention_mask[:, : start + chunk.shape[1]]], 1).to(device)
+            extra["attention_mask"] = mask
+            if not isinstance(cache, SinkWindowCache):
+                # A stock cache (the unpatched model): positions count real tokens, as generate() does.
+                extra["position_ids"] = token_positions(mask)[:, -chunk.shape[1] :].clamp(min=0)
+        out = model(chunk, cache=cache, use_cache=True, logits_to_keep=keep or 0, **extra)
         logits = out.logits
         if on_chunk is not None:
             on_chunk(start0 + start, logits)

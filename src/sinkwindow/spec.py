@@ -60,7 +60,9 @@ class MethodSpec:
         if self.window is None or not isinstance(self.window, int) or self.window <= 0:
             raise ValueError(f"window W must be a positive integer, got {self.window!r} (e.g. swa:64:4)")
         if not isinstance(self.sinks, int) or self.sinks < 0:
-            raise ValueError(f"sinks S must be an integer >= 0, got {self.sinks!r} (e.g. swa:64:4, or swa:64:0)")
+            raise ValueError(
+                f"sinks S must be an integer >= 0, got {self.sinks!r} (e.g. swa:64:4, or swa:64:0)"
+            )
         if self.kind == "lolcats":
             if self.sinks:
                 raise ValueError("lolcats:W takes no sinks")
@@ -118,7 +120,9 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
     if isinstance(text, MethodSpec):
         return text
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"method spec must be a non-empty string like 'swa:64:4'; got {text!r}. Grammar: {_GRAMMAR}")
+        raise ValueError(
+            f"method spec must be a non-empty string like 'swa:64:4'; got {text!r}. Grammar: {_GRAMMAR}"
+        )
     parts = [p.strip() for p in text.strip().lower().split(":")]
     kind, args = parts[0], parts[1:]
     if kind not in SPEC_KINDS:
@@ -138,13 +142,17 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
         try:
             ints.append(int(a))
         except ValueError:
-            raise ValueError(f"malformed method {text!r}: {a!r} is not an integer. Grammar: {_GRAMMAR}") from None
+            raise ValueError(
+                f"malformed method {text!r}: {a!r} is not an integer. Grammar: {_GRAMMAR}"
+            ) from None
     if kind == "lolcats":
         if len(ints) != 1:
             raise ValueError(f"malformed method {text!r}: expected lolcats:W (e.g. lolcats:64)")
         return MethodSpec("lolcats", window=ints[0])
     if len(ints) not in (1, 2):
-        raise ValueError(f"malformed method {text!r}: expected {kind}:W[:S][:absolute|cache] (e.g. {kind}:64:4)")
+        raise ValueError(
+            f"malformed method {text!r}: expected {kind}:W[:S][:absolute|cache] (e.g. {kind}:64:4)"
+        )
     window = ints[0]
     sinks = ints[1] if len(ints) == 2 else DEFAULT_SINKS
     return MethodSpec(kind, window=window, sinks=sinks, positions=positions)

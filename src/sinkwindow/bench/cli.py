@@ -1,0 +1,252 @@
+"""``sinkwindow bench``: decode throughput, prefill time and memory against context length.
+
+    sinkwindow bench --quick
+    sinkwindow bench --model synthetic --methods full,swa:64:4,swa:512:4 --contexts 1K,8K,64K,256K --steps 32
+    sinkwindow bench --report-only --out runs/bench     # rebuild bench.md / plots from bench.jsonl
+
+Writes ``DIR/bench.jsonl`` (one row per measurement), ``DIR/meta.json``, ``DIR/bench.md``,
+``DIR/targets.json`` and PNG plots; prints one progress line per row and ends stdout with a
+single JSON line summarising the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["register", "build_parser", "main", "parse_contexts"]
+
+
+def parse_contexts(text: str) -> tuple[int, ...]:
+    """``"1024,8K,256k"`` -> ``(1024, 8192, 262144)``; ``""`` or ``"none"`` -> ``()``."""
+    text = text.strip().lower()
+    if text in ("", "none"):
+        return ()
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        scale = 1
+        if part.endswith("k"):
+            part, scale = part[:-1], 1024
+        elif part.endswith("m"):
+            part, scale = part[:-1], 1 << 20
+        try:
+            value = int(part) * scale
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad context {part!r}: use integers like 1024, 8K, 256K"
+            ) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"contexts must be positive, got {value}")
+        out.append(value)
+    return tuple(out)
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("grid")
+    g.add_argument(
+        "--model",
+        type=_csv,
+        default=None,
+        help="comma list: synthetic, smollm2-135m, hub ids, folders (default: synthetic,smollm2-135m)",
+    )
+    g.add_argument(
+        "--methods",
+        type=_csv,
+        default=None,
+        help="comma list of specs (default: full,swa:64:4,swa:512:4,linear,lolcats:64)",
+    )
+    g.add_argument(
+        "--contexts",
+        type=parse_contexts,
+        default=None,
+        help="decode contexts, e.g. 1K,8K,64K (default: 32 and 128..256K, powers of 2)",
+    )
+    g.add_argument(
+        "--prefill-contexts",
+        type=parse_contexts,
+        default=None,
+        help="prefill contexts, or 'none' (default: 1K..32K)",
+    )
+    g.add_argument("--steps", type=int, default=None, help="timed decode steps per cell (default: 32)")
+    g.add_argument("--warmup", type=int, default=None, help="untimed decode steps first (default: 4)")
+    g.add_argument("--chunk-size", type=int, default=None, help="prefill chunk for SWA (default: 512)")
+    g.add_argument(
+        "--real-prefill-max",
+        type=int,
+        default=None,
+        help="decode cells up to this context prefill for real; longer ones fill the cache state directly (default: 4096)",
+    )
+    g.add_argument("--quick", action="store_true", help="a grid that finishes in a few minutes on 2 cores")
+    c = p.add_argument_group("caps (say so in the output instead of crashing)")
+    c.add_argument(
+        "--time-cap",
+        type=float,
+        default=None,
+        help="skip cells predicted to take longer, seconds (default: 300)",
+    )
+    c.add_argument(
+        "--mem-budget-gib",
+        type=float,
+        default=None,
+        help="skip cells whose cache is projected above this (default: 8 GiB, at most 40%% of available RAM; 80%% of free GPU memory on CUDA)",
+    )
+    d = p.add_argument_group("device")
+    d.add_argument("--device", default=None, help="auto (cuda if present), cpu, cuda[:i] (default: auto)")
+    d.add_argument(
+        "--dtype",
+        default=None,
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="default: float32 on CPU, bfloat16 on CUDA",
+    )
+    d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    d.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=None,
+        help="bandwidth buffer for the roofline, 0 to skip (default: 1024)",
+    )
+    s = p.add_argument_group("synthetic model (paper §4.3 defaults)")
+    s.add_argument("--layers", type=int, default=4)
+    s.add_argument("--hidden", type=int, default=1024)
+    s.add_argument("--heads", type=int, default=16)
+    s.add_argument("--kv-heads", type=int, default=None, help="default: = heads")
+    s.add_argument("--intermediate", type=int, default=None, help="default: 8/3 x hidden rounded to 256")
+    s.add_argument("--vocab", type=int, default=32000)
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--no-plots", action="store_true")
+    o.add_argument(
+        "--report-only", action="store_true", help="rebuild the report from DIR/bench.jsonl without measuring"
+    )
+
+
+def config_from_args(args: argparse.Namespace):
+    """``BenchConfig`` from parsed arguments (``--quick`` sets the defaults that were not given)."""
+    from .suite import BenchConfig
+    from .synthetic import SyntheticConfig
+
+    synthetic = SyntheticConfig(
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        vocab=args.vocab,
+        seed=args.seed,
+    )
+    given = {
+        "models": args.model,
+        "methods": args.methods,
+        "contexts": args.contexts,
+        "prefill_contexts": args.prefill_contexts,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "chunk_size": args.chunk_size,
+        "real_prefill_max": args.real_prefill_max,
+        "time_cap_s": args.time_cap,
+        "mem_budget_gib": args.mem_budget_gib,
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "bandwidth_mib": args.bandwidth_mib,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    common = dict(synthetic=synthetic, seed=args.seed, out=args.out, plots=not args.no_plots)
+    if args.quick:
+        return BenchConfig.quick(**given, **common)
+    return BenchConfig(**given, **common)
+
+
+def _progress(row: dict) -> None:
+    where = f"{row['model']:<14} {row['kind']:<7} {row['method']:<11} {row['context']:>7}"
+    if row["status"] != "ok":
+        print(f"{where}  skipped: {row['reason']}", flush=True)
+        return
+    if row["kind"] == "decode":
+        roof = f"  roofline x{row['roofline_ratio']:.2f}" if row.get("roofline_ratio") else ""
+        print(
+            f"{where}  {row['ms_per_token']:8.2f} ms/tok {row['tokens_per_s']:8.1f} tok/s  "
+            f"KV {row['kv_bytes'] / 2**20:9.2f} MiB  peak RSS {row['peak_rss_bytes'] / 2**30:5.2f} GiB  "
+            f"fill {row['fill']} {row['fill_s']:.1f}s{roof}",
+            flush=True,
+        )
+    elif row["kind"] == "overhead":
+        print(
+            f"{where}  {row['ms_per_token']:8.2f} ms/tok patched vs {row['ms_per_token_baseline']:.2f} unpatched, "
+            f"alternating steps: ratio {row['overhead_ratio']:.3f}",
+            flush=True,
+        )
+    else:
+        print(
+            f"{where}  {row['prefill_s']:8.2f} s      {row['tokens_per_s']:8.0f} tok/s  "
+            f"KV {row['kv_bytes'] / 2**20:9.2f} MiB  peak RSS {row['peak_rss_bytes'] / 2**30:5.2f} GiB",
+            flush=True,
+        )
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import load_rows, write_report
+    from .suite import run_bench
+
+    if args.report_only:
+        rows = load_rows(Path(args.out))
+        plots = not args.no_plots
+    else:
+        config = config_from_args(args)
+        rows = run_bench(config, on_row=_progress)
+        plots = config.plots
+    result = write_report(rows, args.out, plots=plots)
+    print()
+    checks = json.loads((Path(args.out) / "targets.json").read_text())
+    fastest = {t["name"]: t for t in checks["min_step"] or []}
+    for t in checks["median_step"]:
+        ok = {True: "ok  ", False: "MISS", None: "n/a "}[t["ok"]]
+        line = f"[{ok}] {t['name']}: {json.dumps(t['value'])}  ({t['goal']}; {t['detail']})"
+        if t["name"] in fastest and fastest[t["name"]]["ok"] is not None:
+            line += f"  [fastest step: {json.dumps(fastest[t['name']]['value'])}]"
+        print(line)
+    print(f"report: {Path(args.out) / 'bench.md'}")
+    print(json.dumps(result))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add the ``bench`` subcommand to the ``sinkwindow`` CLI."""
+    p = subparsers.add_parser(
+        "bench",
+        help="decode throughput, prefill time and memory against context length (paper §4.3)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A standalone parser (for ``benchmarks/bench_efficiency.py``)."""
+    p = argparse.ArgumentParser(
+        prog="bench_efficiency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return _cmd_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Memory accounting: analytic KV/state bytes, tensor bytes held by a cache, and peak memory.
+
+Three numbers per measurement, from the most to the least specific:
+
+- ``analytic_state_bytes``: what the method must hold at context n, from the config alone.
+- ``cache_tensor_bytes``: the bytes of the storages the cache object really holds (a view that
+  pins a larger buffer counts at the buffer's size, which is what memory pays).
+- ``PeakMemory``: the process's peak resident set over a block (Linux lets us reset the
+  high-water mark through ``/proc/self/clear_refs``), or CUDA's ``max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import resource
+import sys
+
+import torch
+
+from ..spec import MethodSpec
+
+__all__ = [
+    "PeakMemory",
+    "analytic_state_bytes",
+    "cache_tensor_bytes",
+    "cache_lengths",
+    "current_rss",
+    "peak_rss",
+    "reset_peak_rss",
+    "kv_geometry",
+    "LINEAR_STATE_BYTES",
+]
+
+logger = logging.getLogger(__name__)
+
+# sinkwindow.linear keeps the recurrent state (S, z) in float32 whatever the model dtype (bf16
+# accumulation of z drifts over long streams, LINEAR.md §2.3).
+LINEAR_STATE_BYTES = 4
+
+
+def _proc_status(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def current_rss() -> int:
+    """Resident set size of this process now, in bytes (0 where /proc is missing)."""
+    return _proc_status("VmRSS") or 0
+
+
+def peak_rss() -> int:
+    """Peak resident set size since the last ``reset_peak_rss`` (or since start), in bytes."""
+    hwm = _proc_status("VmHWM")
+    if hwm is not None:
+        return hwm
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def _malloc_trim() -> None:
+    # Hand freed heap pages back to the OS so the previous measurement's buffers do not count as
+    # this one's resident baseline.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak-RSS high-water mark to the current RSS (Linux >= 4.0).
+
+    Returns:
+        True if the reset worked; otherwise ``peak_rss`` keeps meaning "since process start".
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Peak memory over a ``with`` block.
+
+    On CPU: process peak RSS over the block (``rss_scope == "block"``) where the kernel allows a
+    reset, else since process start (``"process"``). On CUDA: ``torch.cuda.max_memory_allocated``
+    after ``reset_peak_memory_stats``, plus the RSS numbers.
+
+    Attributes:
+        rss_before: RSS at entry, bytes (weights, interpreter, allocator slack).
+        peak_rss: peak RSS, bytes.
+        rss_scope: ``"block"`` or ``"process"``.
+        cuda_peak: peak CUDA bytes allocated in the block, or None off CUDA.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.rss_before = 0
+        self.peak_rss = 0
+        self.rss_scope = "process"
+        self.cuda_peak: int | None = None
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        _malloc_trim()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.rss_before = current_rss()
+        self.rss_scope = "block" if reset_peak_rss() else "process"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.cuda_peak = int(torch.cuda.max_memory_allocated(self.device))
+        self.peak_rss = peak_rss()
+
+
+def _layer_tensors(layer) -> list[torch.Tensor]:
+    out = []
+    for value in vars(layer).values():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        out.extend(t for t in items if isinstance(t, torch.Tensor))
+    return out
+
+
+def cache_tensor_bytes(cache) -> int:
+    """Bytes of the distinct tensor storages a transformers cache holds, all layers.
+
+    Counts every tensor attribute of every layer (keys and values; a linear-attention layer's
+    state), each storage once. For a contiguous cache this equals ``numel * element_size``.
+    """
+    seen: set[tuple[int, str]] = set()
+    total = 0
+    for layer in cache.layers:
+        for t in _layer_tensors(layer):
+            if t.numel() == 0:
+                continue
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), str(t.device))
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+    return total
+
+
+def cache_lengths(cache) -> list[int]:
+    """Key entries each layer persists right now (0 for layers without keys)."""
+    out = []
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        out.append(int(keys.shape[-2]) if isinstance(keys, torch.Tensor) and keys.ndim >= 2 else 0)
+    return out
+
+
+def kv_geometry(config) -> tuple[int, int, int, int]:
+    """``(layers, query_heads, kv_heads, head_dim)`` of a decoder config (text config for VLMs)."""
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, heads, kv_heads, head_dim
+
+
+def analytic_state_bytes(
+    spec: MethodSpec,
+    config,
+    context: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    batch: int = 1,
+    feature_dim: int | None = None,
+) -> int:
+    """Bytes a method must hold after ``context`` tokens, from the model config alone.
+
+    - ``full``: n keys and values per layer.
+    - ``swa:W:S`` / ``evict:W:S``: ``min(n, W - 1)`` (the s sinks plus W - S - 1 recent keys; the
+      query brings the W-th, see ``SinkWindowLayer``).
+    - ``linear``: per layer and query head, S (F x D) and z (F), in float32.
+    - ``lolcats:W``: the linear state plus a FIFO of the last ``min(n, W)`` keys and values.
+
+    Args:
+        spec: the method.
+        config: the model's (text) config.
+        context: n, tokens seen.
+        dtype: dtype of cached keys/values (the model's).
+        batch: rows.
+        feature_dim: F, linear-attention feature size; default ``head_dim`` (what
+            ``sinkwindow.linear.convert`` builds: a Hedgehog projection of f = D/2, F = 2f).
+
+    Returns:
+        Bytes, summed over layers.
+    """
+    layers, heads, kv_heads, head_dim = kv_geometry(config)
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_token = 2 * batch * kv_heads * head_dim * elem  # one key + one value, one layer
+    if spec.kind == "full":
+        return layers * per_token * context
+    if spec.kind in ("swa", "evict"):
+        return layers * per_token * min(context, spec.window - 1)
+    feats = feature_dim or head_dim
+    state = layers * batch * heads * (feats * head_dim + feats) * LINEAR_STATE_BYTES
+    if spec.kind == "linear":
+        return state
+    if spec.kind == "lolcats":
+        return state + layers * per_token * min(context, spec.window)
+    raise ValueError(f"no memory model for method {spec}")

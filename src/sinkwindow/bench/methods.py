@@ -1,0 +1,259 @@
+"""How each method is set up, prefilled, and brought to "context n" for a decode measurement.
+
+A ``MethodRunner`` owns one (model, spec) pair for the length of a measurement:
+
+- ``activate()`` patches the model (``sinkwindow.apply``), ``deactivate()`` restores it;
+- ``prefill(ids, chunk_size)`` is the real thing, as a user would run it (timed by the prefill
+  benchmark): chunked through the bounded cache for SWA, one forward for full attention (what an
+  unpatched model does);
+- ``fill(ids, chunk_size)`` builds the decode state at context n = ``ids.shape[1]`` cheaply, with
+  exactly the shapes and layout a real prefill leaves, so that the decode step that follows does
+  the same work it would after a real prefill (see each runner for how).
+
+Methods are looked up by spec kind in ``RUNNERS``, a plain dict: a new method is one subclass
+(``activate``/``deactivate``/``new_cache``/``fill``) and one entry, and no change anywhere else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from ..cache import SinkWindowLayer
+from ..patch import apply, make_cache
+from ..prefill import prefill
+from ..spec import MethodSpec, parse_spec
+from .memory import analytic_state_bytes
+
+__all__ = [
+    "MethodRunner",
+    "FullRunner",
+    "WindowRunner",
+    "LinearRunner",
+    "MethodUnavailable",
+    "RUNNERS",
+    "runner_for",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class MethodUnavailable(RuntimeError):
+    """This install cannot run the method; the benchmark records a skipped row instead of crashing."""
+
+
+class MethodRunner:
+    """One method on one model. Subclasses override ``fill`` (and ``prefill`` where it differs).
+
+    Args:
+        model: a transformers causal LM.
+        spec: the method.
+    """
+
+    #: whether decode cost and state size stay flat with context (no time or memory cap needed).
+    bounded = True
+
+    def __init__(self, model: PreTrainedModel, spec: MethodSpec):
+        self.model = model
+        self.spec = spec
+
+    def activate(self) -> None:
+        apply(self.model, self.spec)
+
+    def deactivate(self) -> None:
+        apply(self.model, "full")
+
+    def __enter__(self) -> MethodRunner:
+        self.activate()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+    def new_cache(self) -> Cache:
+        return make_cache(self.model)
+
+    def prefill_chunk(self, n: int, chunk_size: int) -> int:
+        """Tokens per forward when prefilling n tokens."""
+        return chunk_size
+
+    def prefill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        """Real prefill of ``ids`` ``[batch, n]``.
+
+        Returns:
+            last-position logits ``[batch, vocab]`` and the filled cache.
+        """
+        chunk = self.prefill_chunk(ids.shape[1], chunk_size)
+        logits, cache = prefill(
+            self.model, ids, chunk_size=chunk, cache=self.new_cache(), return_logits="last"
+        )
+        return logits, cache
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        """Decode state at context n = ``ids.shape[1]``; the default is a real prefill."""
+        return self.prefill(ids, chunk_size)
+
+    def analytic_bytes(self, context: int, batch: int = 1) -> int:
+        return analytic_state_bytes(
+            self.spec, self.model.config, context, dtype=self.model.dtype, batch=batch
+        )
+
+
+class FullRunner(MethodRunner):
+    """Dense attention: the unpatched model with transformers' ``DynamicCache``.
+
+    ``fill`` prefills a short real prompt, then tiles its keys and values along the sequence to n
+    entries per layer. The decode step then reads n keys and extends the cache by concatenation
+    (what ``DynamicCache`` does every step), exactly as after a real n-token prefill; only the
+    key values repeat, which no kernel's running time depends on. This avoids an O(n^2) prefill
+    per measurement at 64K+ tokens.
+    """
+
+    bounded = False
+    seed_tokens = 64
+
+    def activate(self) -> None:
+        apply(self.model, "full")
+
+    def prefill_chunk(self, n: int, chunk_size: int) -> int:
+        # An unpatched model prefills in one forward (SDPA with is_causal, no n x n mask).
+        return max(n, 1)
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n = ids.shape[1]
+        if n <= self.seed_tokens:
+            return self.prefill(ids, chunk_size)
+        p = self.seed_tokens
+        logits, cache = self.prefill(ids[:, :p], chunk_size)
+        reps, rem = divmod(n, p)
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                seed = getattr(layer, name)  # [batch, kv_heads, p, head_dim]
+                tiled = seed.repeat(1, 1, reps, 1)
+                if rem:
+                    tiled = torch.cat([tiled, seed[..., :rem, :]], dim=-2)
+                setattr(layer, name, tiled)
+                del seed
+        if cache.get_seq_length() != n:
+            raise RuntimeError(
+                f"full-attention fill: cache holds {cache.get_seq_length()} tokens, expected {n}"
+            )
+        return logits, cache
+
+
+class WindowRunner(MethodRunner):
+    """SWA(w, s) and evict(w, s) through ``sinkwindow.apply`` and the bounded ``SinkWindowCache``.
+
+    ``fill`` builds the state a real n-token prefill leaves without running n tokens: it prefills
+    the s sink tokens at positions 0..s-1, advances every layer's ``cumulative_length`` to
+    ``n - (w - s)``, then prefills the last w - s tokens, which therefore get positions
+    n-w+s..n-1 (RoPE) and the same mask offsets as in a real run. The cache ends holding the s
+    sinks + the last w - s - 1 keys with ``cumulative_length == n``: the next decode step runs at
+    position n over w keys, as after a real prefill. The last prompt query sees exactly its real
+    keys too, so in the first layer (whose keys depend only on token and position) state and
+    logits equal a real prefill's; deeper layers' keys differ because the skipped tokens never
+    reached them, but their shapes, and so the work of every decode step, do not.
+    """
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n = ids.shape[1]
+        sinks = self.spec.sinks
+        tail = self.spec.window - sinks  # the last query's own window: itself + w - s - 1 keys
+        if n <= self.spec.window + chunk_size:
+            return self.prefill(ids, chunk_size)
+        cache = self.new_cache()
+        if sinks:
+            prefill(self.model, ids[:, :sinks], chunk_size=chunk_size, cache=cache, return_logits="none")
+        for layer in cache.layers:
+            if not isinstance(layer, SinkWindowLayer):
+                raise MethodUnavailable(
+                    f"{self.spec}: fast fill needs SinkWindowLayer caches, got {type(layer).__name__}"
+                )
+            layer.cumulative_length = n - tail
+        logits, cache = prefill(
+            self.model, ids[:, n - tail :], chunk_size=chunk_size, cache=cache, return_logits="last"
+        )
+        for layer in cache.layers:
+            held = layer.keys.shape[-2]
+            if layer.cumulative_length != n or held != min(n, layer.max_persisted):
+                raise RuntimeError(
+                    f"{self.spec} fill: layer holds {held} keys at cumulative length {layer.cumulative_length}, "
+                    f"expected {min(n, layer.max_persisted)} at {n}"
+                )
+        return logits, cache
+
+
+class LinearRunner(MethodRunner):
+    """Linear attention (``linear``) and the LoLCATs hybrid (``lolcats:W``), via ``sinkwindow.linear``.
+
+    ``activate`` converts the model in place (``sinkwindow.linear.convert``: Hedgehog feature maps
+    at their identity init, which time exactly as trained ones do) and ``deactivate`` reverts it.
+    The cache is the retrofit's ``LinearAttnCache``: per layer S (H x F x D) and z (H x F) in
+    float32, plus a FIFO of the last w keys/values for the hybrid.
+
+    ``fill`` advances every layer's token counter to n - p and then prefills p = 2w (at least 64)
+    real tokens: the state then has S, z built from tokens that left the window and a full FIFO,
+    exactly the shapes a real n-token prefill leaves, and decoding continues at position n.
+    """
+
+    def __init__(self, model: PreTrainedModel, spec: MethodSpec):
+        super().__init__(model, spec)
+        try:
+            self._convert = importlib.import_module("sinkwindow.linear.convert")
+        except ImportError as err:
+            raise MethodUnavailable(
+                f"{spec}: sinkwindow.linear has no model conversion in this install ({err})"
+            ) from err
+
+    def activate(self) -> None:
+        apply(self.model, "full")
+        if self._convert.is_converted(self.model):
+            self._convert.revert(self.model)
+        self._convert.convert(self.model, self.spec)
+
+    def deactivate(self) -> None:
+        if self._convert.is_converted(self.model):
+            self._convert.revert(self.model)
+
+    def new_cache(self) -> Cache:
+        return self._convert.get_retrofit(self.model).make_cache()
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n = ids.shape[1]
+        p = max(2 * (self.spec.window or 0), 64)
+        if n <= p + chunk_size:
+            return self.prefill(ids, chunk_size)
+        cache = self.new_cache()
+        for layer in cache.layers:
+            layer.cumulative_length = n - p
+        logits, cache = prefill(
+            self.model, ids[:, n - p :], chunk_size=chunk_size, cache=cache, return_logits="last"
+        )
+        if cache.get_seq_length() != n:
+            raise RuntimeError(f"{self.spec} fill: cache at {cache.get_seq_length()} tokens, expected {n}")
+        return logits, cache
+
+
+RUNNERS: dict[str, type[MethodRunner]] = {
+    "full": FullRunner,
+    "swa": WindowRunner,
+    "evict": WindowRunner,
+    "linear": LinearRunner,
+    "lolcats": LinearRunner,
+}
+
+
+def runner_for(model: PreTrainedModel, spec: str | MethodSpec) -> MethodRunner:
+    """The runner for ``spec`` on ``model``.
+
+    Raises:
+        MethodUnavailable: the method cannot run in this install (or on this model).
+    """
+    spec = parse_spec(spec)
+    if spec.positions != "absolute":
+        raise MethodUnavailable(f"{spec}: only absolute positions are implemented")
+    return RUNNERS[spec.kind](model, spec)

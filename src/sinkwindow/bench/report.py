@@ -1,0 +1,562 @@
+"""Rows in, report out: the JSONL schema, the target checks, a Markdown report and Figure-2 plots.
+
+Every measurement is one JSON object per line in ``bench.jsonl``. ``ROW_FIELDS`` are always
+present (``None`` where a skipped cell has no number); measured rows carry more (see
+``decode.measure_decode`` and ``prefill.measure_prefill``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..spec import parse_spec
+
+__all__ = [
+    "ROW_FIELDS",
+    "ROW_KINDS",
+    "validate_row",
+    "load_rows",
+    "check_targets",
+    "markdown_report",
+    "plot_model",
+    "write_report",
+    "summary",
+    "fmt_bytes",
+]
+
+logger = logging.getLogger(__name__)
+
+ROW_FIELDS = (
+    "kind",
+    "model",
+    "method",
+    "context",
+    "status",
+    "reason",
+    "ms_per_token",
+    "tokens_per_s",
+    "kv_bytes",
+    "prefill_s",
+    "peak_rss_bytes",
+)
+ROW_KINDS = ("decode", "prefill", "overhead")
+_NUMBERS_WHEN_OK = ("ms_per_token", "tokens_per_s", "kv_bytes", "peak_rss_bytes")
+
+
+def validate_row(row: dict) -> None:
+    """Raise ``ValueError`` unless ``row`` follows the schema.
+
+    Every row has ``ROW_FIELDS``; ``kind`` is one of ``ROW_KINDS``; ``status`` is ``ok`` (the
+    numbers are present, non-negative, and ``prefill_s`` is set for prefill rows) or ``skipped``
+    (``reason`` is a non-empty string).
+    """
+    missing = [k for k in ROW_FIELDS if k not in row]
+    if missing:
+        raise ValueError(f"row lacks {missing}: {row}")
+    if row["kind"] not in ROW_KINDS:
+        raise ValueError(f"row kind must be one of {ROW_KINDS}, got {row['kind']!r}")
+    parse_spec(row["method"])
+    if not isinstance(row["context"], int) or row["context"] <= 0:
+        raise ValueError(f"context must be a positive int, got {row['context']!r}")
+    if row["status"] == "skipped":
+        if not isinstance(row["reason"], str) or not row["reason"]:
+            raise ValueError(f"skipped row needs a reason: {row}")
+        return
+    if row["status"] != "ok":
+        raise ValueError(f"status must be 'ok' or 'skipped', got {row['status']!r}")
+    for k in _NUMBERS_WHEN_OK:
+        v = row[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
+            raise ValueError(f"{k} must be a finite number >= 0, got {v!r}")
+    if not isinstance(row["kv_bytes"], int) or not isinstance(row["peak_rss_bytes"], int):
+        raise ValueError("kv_bytes and peak_rss_bytes must be ints")
+    if row["kind"] == "prefill" and not isinstance(row["prefill_s"], (int, float)):
+        raise ValueError("a prefill row needs prefill_s")
+    if row["prefill_s"] is not None and (
+        not isinstance(row["prefill_s"], (int, float)) or row["prefill_s"] < 0
+    ):
+        raise ValueError(f"prefill_s must be None or a number >= 0, got {row['prefill_s']!r}")
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Rows of a ``bench.jsonl`` file (or a folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "bench.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ok(rows: Iterable[dict], kind: str, model: str | None = None, method: str | None = None) -> list[dict]:
+    return [
+        r
+        for r in rows
+        if r["kind"] == kind
+        and r["status"] == "ok"
+        and (model is None or r["model"] == model)
+        and (method is None or r["method"] == method)
+    ]
+
+
+def _by_context(rows: Iterable[dict], key: str = "ms_per_token") -> dict[int, float]:
+    return {r["context"]: r[key] for r in rows}
+
+
+def _models(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["model"] for r in rows))
+
+
+def _target(name: str, goal: str, value, ok: bool | None, detail: str = "") -> dict:
+    return {"name": name, "goal": goal, "value": value, "ok": ok, "detail": detail}
+
+
+def check_targets(
+    rows: list[dict],
+    *,
+    window_method: str | None = None,
+    full_method: str = "full",
+    synthetic_model: str | None = None,
+    roofline_model: str | None = None,
+    flat_contexts: tuple[int, int] = (1024, 65536),
+    flat_tolerance: float = 0.10,
+    speedup_from: int = 2048,
+    prefill_pair: tuple[int, int] = (16384, 32768),
+    prefill_ratio_max: float = 2.3,
+    overhead_tolerance: float = 0.10,
+    roofline_max: float = 2.0,
+    stat: str = "ms_per_token",
+) -> list[dict]:
+    """Check the issue's efficiency targets against measured rows (ratios within one run).
+
+    Targets whose rows are missing come back with ``ok=None`` and say what is missing.
+
+    Args:
+        rows: rows of one run.
+        window_method: the SWA method the targets are about (default ``swa:64:4`` if measured,
+            else the first ``swa`` method in the rows).
+        full_method: the dense baseline (the unpatched model).
+        synthetic_model: model for the scaling targets (default ``synthetic`` if present, else
+            the first model).
+        roofline_model: model for the roofline target (default the first non-synthetic model).
+        stat: which decode time to compare: ``"ms_per_token"`` (median step, the default) or
+            ``"ms_per_token_min"`` (fastest step: the least disturbed by other processes).
+
+    Returns:
+        ``[{"name", "goal", "value", "ok", "detail"}, ...]``.
+    """
+    if window_method is None:
+        swa_methods = [r["method"] for r in rows if parse_spec(r["method"]).kind == "swa"]
+        window_method = "swa:64:4" if "swa:64:4" in swa_methods or not swa_methods else swa_methods[0]
+    window = parse_spec(window_method).window
+    models = _models(rows)
+    scaling = synthetic_model or ("synthetic" if "synthetic" in models else (models[0] if models else None))
+    real = roofline_model or next((m for m in models if m != "synthetic"), None)
+    targets = []
+
+    swa = _by_context(_ok(rows, "decode", scaling, window_method), stat)
+    full = _by_context(_ok(rows, "decode", scaling, full_method), stat)
+    a, b = flat_contexts
+    if a in swa and b in swa:
+        ratio = swa[b] / swa[a]
+        targets.append(
+            _target(
+                "swa_decode_flat",
+                f"{window_method} ms/token at {b} within {flat_tolerance:.0%} of {a}",
+                round(ratio, 3),
+                abs(ratio - 1) <= flat_tolerance,
+                f"{swa[a]:.2f} ms at {a}, {swa[b]:.2f} ms at {b}",
+            )
+        )
+    else:
+        targets.append(
+            _target("swa_decode_flat", f"{window_method} at {a} and {b}", None, None, "not measured")
+        )
+
+    kv_rows = [r for r in _ok(rows, "decode", scaling, window_method) if r["context"] >= window]
+    distinct = sorted({r["kv_bytes"] for r in kv_rows})
+    analytic_ok = all(r.get("kv_bytes_analytic") in (None, r["kv_bytes"]) for r in kv_rows)
+    targets.append(
+        _target(
+            "swa_kv_constant",
+            f"{window_method} KV bytes identical at every context >= {window} (and = analytic)",
+            distinct,
+            (len(distinct) == 1 and analytic_ok) if kv_rows else None,
+            f"{len(kv_rows)} contexts from {min((r['context'] for r in kv_rows), default='-')} "
+            f"to {max((r['context'] for r in kv_rows), default='-')}",
+        )
+    )
+
+    common = sorted(n for n in swa if n in full and n >= speedup_from)
+    speedups = {n: round(full[n] / swa[n], 2) for n in common}
+    grows = all(speedups[y] >= speedups[x] for x, y in zip(common, common[1:]))
+    full_skipped = sorted(
+        r["context"]
+        for r in rows
+        if r["kind"] == "decode"
+        and r["model"] == scaling
+        and r["method"] == full_method
+        and r["status"] == "skipped"
+    )
+    targets.append(
+        _target(
+            "swa_faster_than_full",
+            f"{window_method} faster than {full_method} at every context >= {speedup_from}, factor growing",
+            speedups,
+            (all(s > 1 for s in speedups.values()) and grows) if speedups else None,
+            ("growing" if grows else "not monotone")
+            + (f"; {full_method} skipped at {full_skipped[0]}+" if full_skipped else ""),
+        )
+    )
+
+    pre_swa = _by_context(_ok(rows, "prefill", scaling, window_method), "prefill_s")
+    pre_full = _by_context(_ok(rows, "prefill", scaling, full_method), "prefill_s")
+    lo, hi = prefill_pair
+    if lo in pre_swa and hi in pre_swa:
+        r_swa = pre_swa[hi] / pre_swa[lo]
+        pairs = [(x, y) for x in pre_full for y in pre_full if y == 2 * x]
+        full_note, r_full = "full: no doubling pair measured", None
+        if pairs:
+            x, y = max(pairs)
+            r_full = pre_full[y] / pre_full[x]
+            full_note = f"full time({y})/time({x}) = {r_full:.2f}"
+            r_swa_same = pre_swa.get(y, 0) / pre_swa[x] if x in pre_swa and y in pre_swa else None
+            if r_swa_same is not None:
+                full_note += f" vs {window_method} {r_swa_same:.2f} on the same pair"
+        targets.append(
+            _target(
+                "swa_prefill_linear",
+                f"{window_method} prefill time({hi})/time({lo}) <= {prefill_ratio_max}; full grows faster",
+                {"swa": round(r_swa, 3), "full": None if r_full is None else round(r_full, 3)},
+                r_swa <= prefill_ratio_max and (r_full is None or r_full > r_swa),
+                full_note,
+            )
+        )
+    else:
+        targets.append(
+            _target(
+                "swa_prefill_linear", f"{window_method} prefill at {lo} and {hi}", None, None, "not measured"
+            )
+        )
+
+    overheads = {}
+    paired = [r for r in _ok(rows, "overhead", None, window_method) if r.get("baseline") == full_method]
+    for r in paired:
+        base = stat.replace("ms_per_token", "ms_per_token_baseline")
+        overheads[f"{r['model']}@{r['context']}"] = round(r[stat] / r[base], 3)
+    for model in models if not paired else ():
+        s = _by_context(_ok(rows, "decode", model, window_method), stat)
+        f = _by_context(_ok(rows, "decode", model, full_method), stat)
+        for n in sorted(set(s) & set(f)):
+            if n <= window:
+                overheads[f"{model}@{n}"] = round(s[n] / f[n], 3)
+    targets.append(
+        _target(
+            "short_context_overhead",
+            f"{window_method} (patched) at n <= {window} at most {overhead_tolerance:.0%} slower than unpatched",
+            overheads,
+            all(v <= 1 + overhead_tolerance for v in overheads.values()) if overheads else None,
+            "paired steps, median of patched/unpatched"
+            if paired
+            else "ms/token patched / unpatched (separate cells)",
+        )
+    )
+
+    roof = [r for r in _ok(rows, "decode", real) if r.get("roofline_ms")] if real else []
+    if roof:
+        ratios = {f"{r['method']}@{r['context']}": round(r[stat] / r["roofline_ms"], 2) for r in roof}
+        win = [r for r in roof if r["method"] == window_method] or roof
+        detail = (
+            f"roofline {statistics.median(r['roofline_ms'] for r in win):.1f} ms/token = "
+            f"{win[0]['weight_bytes_per_token'] / 1e6:.0f} MB weights (+ KV) / {win[0]['bandwidth_gbps']:.1f} GB/s; "
+            f"{window_method} measured {statistics.median(r[stat] for r in win):.1f} ms"
+        )
+        targets.append(
+            _target(
+                "roofline",
+                f"{real} {window_method} decode within {roofline_max}x of the weights-bandwidth roofline",
+                ratios,
+                all(r[stat] / r["roofline_ms"] <= roofline_max for r in win),
+                detail,
+            )
+        )
+    else:
+        targets.append(
+            _target(
+                "roofline",
+                f"a real model's decode within {roofline_max}x of roofline",
+                None,
+                None,
+                "not measured",
+            )
+        )
+    return targets
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _fmt_ctx(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _table(
+    rows: list[dict], kind: str, model: str, cell, methods: list[str], notes: dict[str, int]
+) -> list[str]:
+    model_rows = [r for r in rows if r["kind"] == kind and r["model"] == model]
+    contexts = sorted({r["context"] for r in model_rows})
+    lines = ["| context | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
+    index = {(r["method"], r["context"]): r for r in model_rows}
+    for n in contexts:
+        cells = []
+        for m in methods:
+            r = index.get((m, n))
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(cell(r))
+            else:
+                note = notes.setdefault(r["reason"], len(notes) + 1)
+                cells.append(f"skip [{note}]")
+        lines.append(f"| {_fmt_ctx(n)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown_report(
+    rows: list[dict],
+    targets: list[dict] | None = None,
+    meta: dict | None = None,
+    targets_min: list[dict] | None = None,
+) -> str:
+    """The run as Markdown: targets, then per model decode, memory and prefill tables."""
+    meta = meta or {}
+    out = ["# sinkwindow bench: decode throughput, memory and prefill against context length", ""]
+    env = meta.get("env", {})
+    if env:
+        out.append(
+            f"torch {env.get('torch')}, transformers {env.get('transformers')}, sinkwindow {env.get('sinkwindow')}; "
+            f"device {env.get('device_name', env.get('device'))}, {env.get('threads')} threads of {env.get('cpu_count')} CPUs; "
+            f"1-minute load average {meta.get('loadavg_start', [float('nan')])[0]:.1f} at start, "
+            f"{meta.get('loadavg_end', [float('nan')])[0]:.1f} at the end."
+        )
+    for model, bw in meta.get("bandwidth", {}).items():
+        out.append(
+            f"Measured bandwidth before {model}: read {bw['read_gbps']:.1f} GB/s, copy {bw['copy_gbps']:.1f} GB/s "
+            f"(the roofline uses the larger); batch-1 matmul (GEMV) over distinct weights "
+            f"{bw.get('gemv_gbps', float('nan')):.1f} GB/s ({bw['threads']} threads, {bw['buffer_bytes'] >> 20} MiB buffers)."
+        )
+    out += [
+        "",
+        "Decode: median of the timed steps after warm-up; contexts above the real-prefill limit build the cache "
+        "state directly (same shapes and layout as a real prefill, see `sinkwindow.bench.methods`). "
+        "KV bytes: tensor storage held by the cache after the fill (✓: equals the analytic size).",
+        "",
+    ]
+    if targets:
+        verdict = {True: "yes", False: "**no**", None: "n/a"}
+        mins = {t["name"]: t for t in targets_min or []}
+        out += [
+            "## Targets",
+            "",
+            "Decode times compared by each cell's median step; the last columns repeat the check with each "
+            "cell's fastest step (least disturbed by other processes on a shared machine).",
+            "",
+            "| target | goal | measured (median step) | ok | detail | fastest step | ok |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for t in targets:
+            m = mins.get(t["name"], {"value": None, "ok": None})
+            out.append(
+                f"| {t['name']} | {t['goal']} | `{json.dumps(t['value'])}` | {verdict[t['ok']]} | {t['detail']} "
+                f"| `{json.dumps(m['value'])}` | {verdict[m['ok']]} |"
+            )
+        out.append("")
+    notes: dict[str, int] = {}
+    for model in _models(rows):
+        methods = list(dict.fromkeys(r["method"] for r in rows if r["model"] == model))
+        out += [f"## {model}", "", "### Decode: ms/token (tokens/s)", ""]
+        out += _table(
+            rows,
+            "decode",
+            model,
+            lambda r: f"{r['ms_per_token']:.2f} ({r['tokens_per_s']:.1f})",
+            methods,
+            notes,
+        )
+
+        def kv_cell(r):
+            mark = " ✓" if r.get("kv_bytes_analytic") == r["kv_bytes"] else ""
+            return fmt_bytes(r["kv_bytes"]) + mark
+
+        out += ["", "### Decode: KV/state bytes held by the cache", ""]
+        out += _table(rows, "decode", model, kv_cell, methods, notes)
+        out += ["", "### Decode: peak RSS (or CUDA peak) over fill + decode", ""]
+        out += _table(
+            rows,
+            "decode",
+            model,
+            lambda r: fmt_bytes(
+                r["cuda_peak_bytes"] if r.get("cuda_peak_bytes") is not None else r["peak_rss_bytes"]
+            ),
+            methods,
+            notes,
+        )
+        paired = _ok(rows, "overhead", model)
+        if paired:
+            out += [
+                "",
+                "### Patch overhead at n <= w: patched vs unpatched, alternating steps",
+                "",
+                "| method | context | patched ms (min) | unpatched ms (min) | ratio of medians | median of paired ratios |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for r in paired:
+                out.append(
+                    f"| {r['method']} | {r['context']} | {r['ms_per_token']:.2f} ({r['ms_per_token_min']:.2f}) | "
+                    f"{r['ms_per_token_baseline']:.2f} ({r['ms_per_token_baseline_min']:.2f}) | "
+                    f"{r['ms_per_token'] / r['ms_per_token_baseline']:.3f} | {r.get('overhead_ratio_paired', float('nan')):.3f} |"
+                )
+        if any(r["kind"] == "prefill" and r["model"] == model for r in rows):
+            out += ["", "### Prefill: seconds (tokens/s)", ""]
+            out += _table(
+                rows,
+                "prefill",
+                model,
+                lambda r: f"{r['prefill_s']:.2f} ({r['tokens_per_s']:.0f})",
+                methods,
+                notes,
+            )
+        out.append("")
+    if notes:
+        out += ["## Skipped cells", ""]
+        out += [f"[{i}] {reason}" + "  " for reason, i in notes.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_model(rows: list[dict], model: str, out_dir: str | Path) -> list[Path]:
+    """Figure 2 for one model: decode throughput and KV memory vs context (log-x), and prefill time.
+
+    Returns:
+        Paths written (``decode_<model>.png`` and, with prefill rows, ``prefill_<model>.png``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    safe = model.replace("/", "_").replace(":", "_")
+    paths = []
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["model"] == model))
+    decode = {m: sorted(_ok(rows, "decode", model, m), key=lambda r: r["context"]) for m in methods}
+    if any(decode.values()):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for m, rs in decode.items():
+            if not rs:
+                continue
+            xs = [r["context"] for r in rs]
+            ax1.plot(xs, [r["tokens_per_s"] for r in rs], marker="o", label=m)
+            ax2.plot(xs, [r["kv_bytes"] / 2**20 for r in rs], marker="o", label=m)
+        ax1.set(
+            xscale="log",
+            xlabel="context (tokens)",
+            ylabel="decode tokens/s",
+            title=f"{model}: decode throughput",
+        )
+        ax2.set(
+            xscale="log",
+            yscale="log",
+            xlabel="context (tokens)",
+            ylabel="KV/state MiB",
+            title=f"{model}: KV/state memory",
+        )
+        for ax in (ax1, ax2):
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"decode_{safe}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    prefill = {m: sorted(_ok(rows, "prefill", model, m), key=lambda r: r["context"]) for m in methods}
+    if any(prefill.values()):
+        fig, ax = plt.subplots(figsize=(5.5, 4.2))
+        for m, rs in prefill.items():
+            if rs:
+                ax.plot([r["context"] for r in rs], [r["prefill_s"] for r in rs], marker="o", label=m)
+        ax.set(xlabel="prompt tokens", ylabel="prefill seconds", title=f"{model}: prefill time")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"prefill_{safe}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def summary(
+    rows: list[dict],
+    targets: list[dict],
+    out_dir: str | Path | None = None,
+    targets_min: list[dict] | None = None,
+) -> dict:
+    """The one-line JSON summary a run ends stdout with."""
+    out = {
+        "out": None if out_dir is None else str(out_dir),
+        "rows": len(rows),
+        "ok": sum(r["status"] == "ok" for r in rows),
+        "skipped": sum(r["status"] == "skipped" for r in rows),
+        "targets": {t["name"]: {"ok": t["ok"], "value": t["value"]} for t in targets},
+    }
+    if targets_min is not None:
+        out["targets_min_step"] = {t["name"]: t["ok"] for t in targets_min}
+    return out
+
+
+def _has_min(rows: list[dict]) -> bool:
+    return any(r["kind"] == "decode" and r["status"] == "ok" and "ms_per_token_min" in r for r in rows)
+
+
+def write_report(
+    rows: list[dict], out_dir: str | Path, *, meta: dict | None = None, plots: bool = True, **target_kw
+) -> dict:
+    """Write ``bench.md``, ``targets.json`` and the plots next to ``bench.jsonl``.
+
+    Returns:
+        ``summary(...)`` of the run, with ``"files"`` added.
+    """
+    out_dir = Path(out_dir)
+    if meta is None and (out_dir / "meta.json").exists():
+        meta = json.loads((out_dir / "meta.json").read_text())
+    targets = check_targets(rows, **target_kw)
+    # The same checks on each cell's fastest step: on a shared machine, the estimate least
+    # disturbed by other processes. Reported beside the median verdicts, never instead of them.
+    targets_min = check_targets(rows, **{**target_kw, "stat": "ms_per_token_min"}) if _has_min(rows) else None
+    files = [out_dir / "bench.md", out_dir / "targets.json"]
+    (out_dir / "bench.md").write_text(markdown_report(rows, targets, meta, targets_min))
+    (out_dir / "targets.json").write_text(
+        json.dumps({"median_step": targets, "min_step": targets_min}, indent=2)
+    )
+    if plots:
+        try:
+            for model in _models(rows):
+                files += plot_model(rows, model, out_dir)
+        except ImportError as err:
+            logger.warning("no plots: %s", err)
+    result = summary(rows, targets, out_dir, targets_min)
+    result["files"] = [str(f) for f in files]
+    return result

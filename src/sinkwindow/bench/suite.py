@@ -1,0 +1,495 @@
+"""The efficiency suite (paper §4.3): every (model, method, context) cell, with caps, into JSONL.
+
+``run_bench(BenchConfig(...))`` measures, for each model:
+
+1. memory bandwidth (for the roofline);
+2. decode at every context of the grid: a bounded method (SWA, linear) at all contexts at once,
+   steps round-robin across contexts (``measure_decode_interleaved``), so its flatness is judged
+   on times taken at the same moments; full attention one context at a time, ascending, under
+   the caps;
+3. the patch's own cost: each windowed method against the unpatched model at contexts n <= w
+   (the smallest and largest in the grid), decode steps alternating between the two;
+4. prefill at every context of the prefill grid, method by method after one warm-up: chunked
+   methods run all lengths side by side at the same pace (``measure_prefill_interleaved``),
+   one-forward methods (full attention, evict's dense prompt) one length at a time.
+
+Cells that cannot run are written as ``status == "skipped"`` rows with the reason, never a
+crash: a method this install lacks (linear baselines before their conversion exists), a context
+past the model's trained positions, a full-attention cache whose projected size exceeds the
+memory budget, or a cell whose predicted time exceeds the time cap. Once a method hits a cap,
+its longer contexts are skipped too. Bounded methods (SWA) never hit the memory cap: their cost
+must not depend on length, and the default grid runs them to 256K.
+
+Rows go to ``DIR/bench.jsonl`` as they are measured (a partial run keeps its rows); the
+configuration, environment and bandwidth go to ``DIR/meta.json``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..spec import parse_spec
+from .decode import measure_decode, measure_decode_interleaved, measure_overhead
+from .memory import analytic_state_bytes, current_rss, kv_geometry
+from .methods import FullRunner, MethodRunner, MethodUnavailable, runner_for
+from .prefill import measure_prefill, measure_prefill_interleaved, warm_up_prefill
+from .report import fmt_bytes, validate_row
+from .roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
+from .synthetic import SYNTHETIC_NAME, SyntheticConfig, build_synthetic
+
+__all__ = [
+    "BenchConfig",
+    "run_bench",
+    "load_bench_model",
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_PREFILL_CONTEXTS",
+    "DEFAULT_METHODS",
+    "DEFAULT_MODELS",
+    "QUICK",
+]
+
+logger = logging.getLogger(__name__)
+
+# The paper's range, 128 to 256K, plus 32 (below every window: the patched-vs-unpatched check).
+DEFAULT_CONTEXTS = (32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+DEFAULT_PREFILL_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+DEFAULT_METHODS = ("full", "swa:64:4", "swa:512:4", "linear", "lolcats:64")
+DEFAULT_MODELS = (SYNTHETIC_NAME, "smollm2-135m")
+
+# A grid that finishes in a few minutes on 2 CPU cores and still covers every target.
+QUICK = {
+    "contexts": (32, 1024, 2048, 8192, 65536),
+    "prefill_contexts": (1024, 2048),
+    "steps": 16,
+    "methods": ("full", "swa:64:4", "linear"),
+}
+
+
+@dataclass
+class BenchConfig:
+    """Everything a run depends on; written to ``meta.json`` beside the results.
+
+    Attributes:
+        models: ``"synthetic"`` and/or names ``sinkwindow.load`` accepts.
+        methods: spec strings (``full``, ``swa:W:S``, ``evict:W:S``, ``linear``, ``lolcats:W``).
+        contexts: decode grid (tokens in the cache before the first timed step).
+        prefill_contexts: prefill grid; empty to skip prefill.
+        steps, warmup: timed and untimed decode steps per cell.
+        chunk_size: prefill chunk for chunked methods.
+        real_prefill_max: decode cells up to this context run a real prefill (its time is
+            recorded as ``prefill_s``); longer ones build the state with the runner's fill.
+        time_cap_s: skip a cell predicted to take longer (and the method's longer contexts).
+        mem_budget_gib: skip a cell whose cache is projected to exceed this (unbounded methods);
+            ``None``: 8 GiB capped at 40% of available RAM on CPU, 80% of free memory on CUDA.
+        device: ``auto`` (cuda if present), ``cpu`` or ``cuda[:i]``.
+        dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``bfloat16``, ``float16``.
+        threads: torch CPU threads (None: torch's default).
+        synthetic: sizes of the synthetic model.
+        bandwidth_mib: buffer for the bandwidth measurement (0 disables the roofline).
+        seed: token ids seed.
+        out: output folder.
+        plots: write PNG plots (needs matplotlib).
+    """
+
+    models: tuple[str, ...] = DEFAULT_MODELS
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    prefill_contexts: tuple[int, ...] = DEFAULT_PREFILL_CONTEXTS
+    steps: int = 32
+    warmup: int = 4
+    chunk_size: int = 512
+    real_prefill_max: int = 4096
+    time_cap_s: float = 300.0
+    mem_budget_gib: float | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    bandwidth_mib: int = 1024
+    seed: int = 0
+    out: str = "runs/bench"
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        self.models = tuple(self.models)
+        self.methods = tuple(str(parse_spec(m)) for m in self.methods)
+        self.contexts = tuple(sorted(set(int(c) for c in self.contexts)))
+        self.prefill_contexts = tuple(sorted(set(int(c) for c in self.prefill_contexts)))
+        if not self.models or not self.methods:
+            raise ValueError("need at least one model and one method")
+        if any(c <= 0 for c in self.contexts + self.prefill_contexts):
+            raise ValueError("contexts must be positive")
+        if self.steps <= 0 or self.warmup < 0 or self.chunk_size <= 0:
+            raise ValueError(
+                f"need steps > 0, warmup >= 0, chunk_size > 0; got {self.steps}, {self.warmup}, {self.chunk_size}"
+            )
+        if self.time_cap_s <= 0 or (self.mem_budget_gib is not None and self.mem_budget_gib <= 0):
+            raise ValueError("time cap and memory budget must be positive")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}")
+        if self.threads is not None and self.threads <= 0:
+            raise ValueError(f"threads must be positive, got {self.threads}")
+
+    @classmethod
+    def quick(cls, **overrides) -> BenchConfig:
+        """The ``--quick`` grid (a few minutes on 2 cores), with overrides."""
+        return cls(**{**QUICK, **overrides})
+
+    def memory_budget_bytes(self) -> int:
+        """The memory budget in bytes (resolving the automatic default)."""
+        if self.mem_budget_gib is not None:
+            return int(self.mem_budget_gib * 2**30)
+        device = self.torch_device()
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            return int(0.8 * free)
+        return int(min(8 * 2**30, 0.4 * available_ram()))
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["synthetic"] = self.synthetic.describe()
+        return d
+
+
+def available_ram() -> int:
+    """``MemAvailable`` from /proc/meminfo in bytes (16 GiB where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16 * 2**30
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    import sinkwindow
+
+    env = {
+        "sinkwindow": sinkwindow.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def load_bench_model(name: str, config: BenchConfig):
+    """The model to time: the synthetic one built from ``config.synthetic``, or ``sinkwindow.load``."""
+    device, dtype = config.torch_device(), config.torch_dtype()
+    if name == SYNTHETIC_NAME:
+        return build_synthetic(config.synthetic, dtype=dtype, device=device)
+    import sinkwindow
+
+    model, _ = sinkwindow.load(name, device=device, dtype=dtype, attn_implementation="sdpa")
+    return model
+
+
+def _max_positions(model) -> int | None:
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
+def _skipped(kind: str, method: str, context: int, reason: str) -> dict:
+    return {
+        "kind": kind,
+        "method": method,
+        "context": context,
+        "status": "skipped",
+        "reason": reason,
+        "ms_per_token": None,
+        "tokens_per_s": None,
+        "kv_bytes": None,
+        "prefill_s": None,
+        "peak_rss_bytes": None,
+    }
+
+
+class _Caps:
+    """Per-method time/memory caps: predict a cell's cost from the method's previous cells."""
+
+    def __init__(self, config: BenchConfig, model):
+        self.config = config
+        self.model = model
+        self.history: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        self.stopped: dict[tuple[str, str], str] = {}
+        self.budget: int | None = None
+
+    def _budget_bytes(self) -> float:
+        if self.budget is None:
+            self.budget = self.config.memory_budget_bytes()
+        return self.budget
+
+    def _predict(self, key: tuple[str, str], n: int, floor: float, ceil: float) -> float | None:
+        past = self.history.get(key, [])
+        if not past:
+            return None
+        n1, t1 = past[-1]
+        alpha = ceil
+        if len(past) >= 2:
+            (n0, t0) = past[-2]
+            if n1 > n0 and t0 > 0 and t1 > 0:
+                alpha = math.log(t1 / t0) / math.log(n1 / n0)
+        alpha = min(max(alpha, floor), ceil)
+        return t1 * (max(n, n1) / n1) ** alpha
+
+    def check(self, kind: str, runner: MethodRunner, n: int) -> str | None:
+        key = (kind, str(runner.spec))
+        if key in self.stopped:
+            return self.stopped[key]
+        limit = _max_positions(self.model)
+        extra = self.config.warmup + self.config.steps if kind == "decode" else 0
+        if limit is not None and n + extra > limit:
+            return f"context {n} (+{extra} decode steps) is beyond the model's {limit} trained positions"
+        reason = None
+        if not runner.bounded:
+            layers = kv_geometry(self.model.config)[0]
+            cache = analytic_state_bytes(runner.spec, self.model.config, n, dtype=self.model.dtype)
+            # DynamicCache concatenates one layer's keys (then values) at a time: one layer extra.
+            projected = cache * (1 + 1 / layers)
+            if kind == "prefill":
+                projected += _prefill_activation_bytes(self.model, n)
+            if projected > self._budget_bytes():
+                reason = (
+                    f"projected memory {fmt_bytes(projected)} exceeds the budget of "
+                    f"{fmt_bytes(self._budget_bytes())} (--mem-budget-gib)"
+                )
+        if reason is None:
+            # Decode cost is at most linear in n for any method; prefill at most quadratic.
+            floor, ceil = (0.0, 1.0) if kind == "decode" else (1.0, 2.0)
+            if not runner.bounded and kind == "decode":
+                floor = 1.0
+            predicted = self._predict(key, n, floor, ceil)
+            if predicted is not None and predicted > self.config.time_cap_s:
+                reason = f"predicted {predicted:.0f} s exceeds the time cap of {self.config.time_cap_s:g} s (--time-cap)"
+        if reason is not None:
+            self.stopped[key] = reason
+        return reason
+
+    def record(self, kind: str, runner: MethodRunner, n: int, seconds: float) -> None:
+        self.history.setdefault((kind, str(runner.spec)), []).append((n, seconds))
+
+
+def _prefill_activation_bytes(model, n: int) -> float:
+    """Rough peak activations of a one-forward prefill of n tokens (MLP of one layer dominates)."""
+    cfg = model.config.get_text_config(decoder=True)
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    return n * (3 * getattr(cfg, "intermediate_size", 4 * cfg.hidden_size) + 6 * cfg.hidden_size) * elem
+
+
+def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run the suite; return every row (also written to ``config.out``/bench.jsonl).
+
+    Args:
+        config: the grid and caps.
+        on_row: called with each row as it is written (the CLI prints progress with it).
+    """
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    device, dtype = config.torch_device(), config.torch_dtype()
+    meta = {
+        "config": config.to_json(),
+        "env": environment(device),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "loadavg_start": os.getloadavg(),
+        "bandwidth": {},
+        "memory_budget_bytes": config.memory_budget_bytes(),
+    }
+    rows: list[dict] = []
+    jsonl = out / "bench.jsonl"
+    jsonl.write_text("")
+
+    def emit(row: dict, model_name: str, extra: dict | None = None) -> None:
+        row = {
+            "model": model_name,
+            **row,
+            **(extra or {}),
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(),
+            "batch": 1,
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+        }
+        validate_row(row)
+        rows.append(row)
+        with jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if on_row is not None:
+            on_row(row)
+
+    for model_name in config.models:
+        try:
+            model = load_bench_model(model_name, config)
+        except (FileNotFoundError, ValueError, OSError, ImportError) as err:
+            reason = f"model {model_name!r} unavailable: {err}".replace("\n", " ")
+            logger.warning(reason)
+            for spec in config.methods:
+                for n in config.contexts:
+                    emit(_skipped("decode", spec, n, reason), model_name)
+            continue
+        _run_model(model_name, model, config, meta, emit)
+        del model
+        gc.collect()
+
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    meta["loadavg_end"] = os.getloadavg()
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return rows
+
+
+def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) -> None:
+    device = config.torch_device()
+    bandwidth = None
+    if config.bandwidth_mib > 0:
+        bandwidth = measure_bandwidth(device, nbytes=config.bandwidth_mib << 20)
+        meta["bandwidth"][model_name] = bandwidth
+        logger.info("bandwidth before %s: %s", model_name, bandwidth)
+    weights = weight_bytes_per_token(model)
+    meta.setdefault("weight_bytes_per_token", {})[model_name] = weights
+    meta.setdefault("rss_after_load", {})[model_name] = current_rss()
+
+    runners: dict[str, MethodRunner | str] = {}
+    for spec in config.methods:
+        try:
+            runners[spec] = runner_for(model, spec)
+        except MethodUnavailable as err:
+            runners[spec] = str(err)
+            logger.warning("skipping %s: %s", spec, err)
+    caps = _Caps(config, model)
+
+    def emit_decode(row: dict) -> None:
+        extra = {"weight_bytes_per_token": weights}
+        if bandwidth is not None:
+            # One step streams every weight once and reads the cached keys/values once.
+            extra["bandwidth_gbps"] = bandwidth["bandwidth_gbps"]
+            extra["roofline_ms"] = roofline_ms(weights + row["kv_bytes"], bandwidth["bandwidth_gbps"])
+            extra["roofline_ratio"] = row["ms_per_token"] / extra["roofline_ms"]
+        emit(row, model_name, extra)
+
+    decode_kw = dict(
+        steps=config.steps,
+        warmup=config.warmup,
+        chunk_size=config.chunk_size,
+        real_prefill_max=config.real_prefill_max,
+        seed=config.seed,
+    )
+    for spec, runner in runners.items():
+        if isinstance(runner, str):
+            for n in config.contexts:
+                emit(_skipped("decode", spec, n, runner), model_name)
+            continue
+        if runner.bounded:
+            # Every context at once, steps round-robin: drift in a shared machine's load hits all
+            # contexts alike, so "flat in n" is tested on ratios taken at the same moments.
+            todo = []
+            for n in config.contexts:
+                reason = caps.check("decode", runner, n)
+                if reason is not None:
+                    emit(_skipped("decode", spec, n, reason), model_name)
+                else:
+                    todo.append(n)
+            if todo:
+                with runner:
+                    rows = measure_decode_interleaved(runner, todo, **decode_kw)
+                for row in rows:
+                    emit_decode(row)
+            gc.collect()
+            continue
+        for n in config.contexts:
+            reason = caps.check("decode", runner, n)
+            if reason is not None:
+                emit(_skipped("decode", spec, n, reason), model_name)
+                continue
+            t0 = time.perf_counter()
+            with runner:
+                row = measure_decode(runner, n, **decode_kw)
+            caps.record("decode", runner, n, time.perf_counter() - t0)
+            emit_decode(row)
+            gc.collect()
+
+    baseline = FullRunner(model, parse_spec("full"))
+    for runner in runners.values():
+        if isinstance(runner, str) or runner.spec.kind not in ("swa", "evict"):
+            continue
+        short = [n for n in config.contexts if n <= runner.spec.window]
+        for n in sorted({short[0], short[-1]}) if short else ():
+            if caps.check("decode", runner, n) is not None:
+                continue
+            row = measure_overhead(
+                runner,
+                baseline,
+                n,
+                steps=config.steps,
+                warmup=config.warmup,
+                chunk_size=config.chunk_size,
+                seed=config.seed,
+            )
+            emit(row, model_name)
+
+    for spec, runner in runners.items():
+        if not config.prefill_contexts:
+            break
+        if isinstance(runner, str):
+            for n in config.prefill_contexts:
+                emit(_skipped("prefill", spec, n, runner), model_name)
+            continue
+        with runner:
+            warm_up_prefill(runner, config.chunk_size)
+            if runner.bounded and runner.spec.kind != "evict":
+                # Chunked prefills of every length side by side at the same pace (see
+                # measure_prefill_interleaved): time(2n)/time(n) then measures the method.
+                todo = []
+                for n in config.prefill_contexts:
+                    reason = caps.check("prefill", runner, n)
+                    if reason is not None:
+                        emit(_skipped("prefill", spec, n, reason), model_name)
+                    else:
+                        todo.append(n)
+                for row in (
+                    measure_prefill_interleaved(runner, todo, chunk_size=config.chunk_size, seed=config.seed)
+                    if todo
+                    else ()
+                ):
+                    emit(row, model_name)
+                gc.collect()
+                continue
+            for n in config.prefill_contexts:
+                reason = caps.check("prefill", runner, n)
+                if reason is not None:
+                    emit(_skipped("prefill", spec, n, reason), model_name)
+                    continue
+                row = measure_prefill(runner, n, chunk_size=config.chunk_size, seed=config.seed)
+                caps.record("prefill", runner, n, row["prefill_s"])
+                emit(row, model_name)
+                gc.collect()

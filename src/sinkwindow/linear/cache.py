@@ -1,0 +1,162 @@
+"""Constant-size decode cache for converted models: recurrent state (S, z) plus the last w keys/values.
+
+A transformers ``Cache`` whose layers subclass ``CacheLayerMixin``, like the runtime's
+``SinkWindowLayer``, so ``model.generate(ids, cache=...)`` and ``sinkwindow.prefill`` drive it
+unchanged. What one layer holds after t tokens (LINEAR.md §2.3)::
+
+    S      (b, H, F, D)     Σ φk(k_j) v_jᵀ over every token behind the window, float32
+    z      (b, H, F)        Σ φk(k_j), float32
+    keys   (b, Hkv, n, D)   the last n = min(t, w) post-RoPE keys, model dtype (hybrid only)
+    values (b, Hkv, n, D)
+
+None of it grows with t. The FIFO stays at the Hkv key/value heads (LoLCATs stores it after
+``repeat_kv``, 3× larger for SmolLM2); S and z are per query head because the key feature maps are.
+
+The layer does no arithmetic itself: ``update`` only counts tokens and hands the new keys back; the
+attention function (``attention.linear_attention_forward``) reads ``state``, advances it with
+``ops.hybrid_attn_step`` / ``ops.linear_attn_step`` and writes it back with ``set_state``. Keys
+that leave the window need φk, which lives on the attention module, not on the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .ops import HybridAttnState, LinearAttnState
+
+__all__ = ["LinearAttnCache", "LinearAttnLayer"]
+
+
+class LinearAttnLayer(CacheLayerMixin):
+    """One decoder layer's state for a converted model.
+
+    Args:
+        window: w for the LoLCATs hybrid (the FIFO keeps the last w tokens), ``None`` for pure
+            linear attention (no FIFO).
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, window: int | None = None):
+        super().__init__()
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.S: torch.Tensor | None = None
+        self.z: torch.Tensor | None = None
+        self.cumulative_length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Count the incoming tokens and return them unchanged.
+
+        The attention function combines them with ``state``; returning the FIFO here as well would
+        make it re-derive which keys are new.
+
+        Args:
+            key_states, value_states: (b, Hkv, T, D), post-RoPE.
+
+        Returns:
+            The same tensors.
+        """
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        return key_states, value_states
+
+    @property
+    def state(self) -> HybridAttnState | LinearAttnState | None:
+        """The state after every token before the current forward, or ``None`` at the start."""
+        if self.S is None:
+            return None
+        if self.window is None:
+            return LinearAttnState(self.S, self.z)
+        return HybridAttnState(self.S, self.z, self.keys, self.values)
+
+    def set_state(self, state: HybridAttnState | LinearAttnState) -> None:
+        """Store the state after the current forward (called by the attention function)."""
+        self.S, self.z = state.S, state.z
+        if isinstance(state, HybridAttnState):
+            if self.window is None:
+                raise TypeError("a pure linear-attention layer got a hybrid state")
+            # Slice views of the (FIFO + chunk) buffer would pin the whole chunk: keep a copy.
+            self.keys, self.values = state.k_win.contiguous().clone(), state.v_win.contiguous().clone()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # Nothing masks this layer (the kernels are causal by construction); report what
+        # ``update`` returns: the new tokens, at absolute offset = tokens seen before them.
+        return query_length, self.cumulative_length
+
+    def get_seq_length(self) -> int:
+        """Tokens seen so far (not stored): keeps ``position_ids`` absolute."""
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        # No maximum: the state is constant-size whatever the length.
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(
+            "a recurrent linear-attention state cannot be rolled back; assisted/speculative decoding that "
+            "crops the cache is not supported for linear baselines"
+        )
+
+    def reset(self) -> None:
+        self.S = self.z = None
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.cumulative_length = 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        for name in ("S", "z", "keys", "values"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.index_select(0, beam_idx.to(t.device)))
+
+    def offload(self) -> None:
+        for name in ("S", "z", "keys", "values"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.to("cpu", non_blocking=True))
+
+    def prefetch(self) -> None:
+        for name in ("S", "z", "keys", "values"):
+            t = getattr(self, name)
+            if t is not None and t.device != self.device:
+                setattr(self, name, t.to(self.device, non_blocking=True))
+
+    def nbytes(self) -> int:
+        """Bytes held right now: S, z and the FIFO."""
+        return sum(
+            t.numel() * t.element_size() for t in (self.S, self.z, self.keys, self.values) if t is not None
+        )
+
+
+class LinearAttnCache(Cache):
+    """A ``Cache`` of ``LinearAttnLayer``s, one per decoder layer, for a converted model.
+
+    Args:
+        num_layers: decoder layers.
+        window: w for ``lolcats:W``, ``None`` for ``linear``.
+    """
+
+    def __init__(self, num_layers: int, window: int | None = None):
+        super().__init__(layers=[LinearAttnLayer(window) for _ in range(num_layers)])
+        self.window = window
+
+    def nbytes(self) -> int:
+        """Bytes of state held right now, all layers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def persisted_lengths(self) -> list[int]:
+        """FIFO entries each layer holds right now (0 for pure linear attention)."""
+        return [layer.keys.shape[-2] if layer.keys is not None else 0 for layer in self.layers]

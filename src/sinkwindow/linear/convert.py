@@ -1,0 +1,220 @@
+"""Swap a transformers causal LM's attention for a linear-attention retrofit, in place and reversibly.
+
+``convert(model, "lolcats:64")`` does four things, none of which copies model forward code:
+
+1. adds ``feature_map_q``, ``feature_map_k`` (``HedgehogFeatureMap``, H heads each, identity init,
+   the key map a copy of the query map) and, for the hybrid, ``window_factors`` (1, H, 1, 1) to
+   every decoder layer's attention module, so they appear in ``state_dict`` beside ``q_proj``;
+2. registers ``linear_attention_forward`` and a no-mask builder with transformers under
+   ``ATTN_NAME`` and switches the model's attention implementation to it;
+3. adds a forward pre-hook (and a cleanup hook) to each attention module that hands the ``cache``
+   keyword to the attention function, which advances the constant-size state;
+4. sets ``model._sinkwindow_cache_factory`` so ``sinkwindow.make_cache(model)`` returns a
+   ``LinearAttnCache``.
+
+``revert(model)`` undoes all four (and removes LoRA adapters if ``finetune.add_lora`` injected
+them), leaving the original model bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+import torch.nn as nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface
+
+from ..patch import active_spec, check_supported, text_config
+from ..spec import MethodSpec, parse_spec
+from .attention import (
+    ATTN_NAME,
+    CACHE_ATTR,
+    DEFAULT_WINDOW_FACTOR,
+    RETROFIT_ATTR,
+    LinearVariant,
+    Retrofit,
+    linear_attention_forward,
+    linear_attention_mask,
+)
+from .feature_maps import FEATURE_MAPS
+
+__all__ = ["attention_modules", "convert", "get_retrofit", "is_converted", "revert", "set_mode"]
+
+logger = logging.getLogger(__name__)
+
+NEW_PARAM_NAMES = ("feature_map_q", "feature_map_k", "window_factors")
+MODES = ("student", "transfer")
+
+
+def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
+    """The self-attention module of every decoder layer, in layer order.
+
+    Raises:
+        ValueError: if the model has no ``layers[i].self_attn`` structure (not a supported decoder).
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no decoder layers (expected model.layers[i].self_attn)")
+    mods = [layer.self_attn for layer in layers]
+    for i, m in enumerate(mods):
+        if getattr(m, "layer_idx", i) != i:
+            raise ValueError(f"attention module {i} reports layer_idx={m.layer_idx}; cannot map cache layers")
+    return mods
+
+
+def is_converted(model: PreTrainedModel) -> bool:
+    return getattr(model, RETROFIT_ATTR, None) is not None
+
+
+def get_retrofit(model: PreTrainedModel) -> Retrofit:
+    """The model's ``Retrofit`` state.
+
+    Raises:
+        ValueError: if the model was not converted.
+    """
+    rf = getattr(model, RETROFIT_ATTR, None)
+    if rf is None:
+        raise ValueError(
+            "model is not converted to a linear-attention baseline; call sinkwindow.linear.convert first"
+        )
+    return rf
+
+
+def set_mode(model: PreTrainedModel, mode: str) -> None:
+    """Switch a converted model between ``"student"`` (the retrofit) and ``"transfer"`` (stage 1)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    rf = get_retrofit(model)
+    rf.mode = mode
+    rf.records.clear()
+
+
+def _register() -> None:
+    # Idempotent: register only updates a dict.
+    AttentionInterface.register(ATTN_NAME, linear_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, linear_attention_mask)
+
+
+def _capture_cache(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # Decoder layers of every supported family pass the cache by keyword.
+    module.__dict__[CACHE_ATTR] = kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+def _release_cache(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
+    # Do not keep a finished generation's cache alive through the module.
+    module.__dict__.pop(CACHE_ATTR, None)
+
+
+def convert(
+    model: PreTrainedModel,
+    spec: str | MethodSpec,
+    *,
+    feature_map: str = "hedgehog",
+    feature_dim: int | None = None,
+    init: str = "identity",
+    window_factor_init: float = DEFAULT_WINDOW_FACTOR,
+    affine: bool = False,
+    eps: float = 1e-12,
+    seed: int | None = 0,
+) -> PreTrainedModel:
+    """Convert ``model`` in place to a linear-attention baseline and return it.
+
+    Base weights are untouched and keep their ``requires_grad``; the new parameters (feature maps,
+    window factors) require grad. Training freezes what it needs (``transfer``/``finetune``).
+
+    Args:
+        model: a transformers causal LM of a supported family, not patched by ``sinkwindow.apply``.
+        spec: ``"lolcats:W"`` (hybrid) or ``"linear"`` (pure Hedgehog).
+        feature_map: ``"hedgehog"`` (softmax_dim, LoLCATs default), ``"hedgehog_exp"`` or ``"t2r"``.
+        feature_dim: f (default D/2 for Hedgehog, so F = D).
+        init: ``"identity"`` (LoLCATs ``--lk_zero_init``) or ``"kaiming"``.
+        window_factor_init: ω at init (logit(0.1)); γ = sigmoid(ω).
+        affine: λ = 1 − γ instead of 1; with a large ω the hybrid then reduces to SWA(w).
+        eps: pure-linear normaliser guard.
+        seed: seeds the ``kaiming`` init (identity init is deterministic); ``None`` leaves the RNG.
+
+    Returns:
+        The same model.
+
+    Raises:
+        ValueError: wrong spec, unsupported model, already converted or patched.
+    """
+    spec = parse_spec(spec)
+    if not spec.is_linear:
+        raise ValueError(
+            f"convert() builds linear baselines ('linear', 'lolcats:W'); use sinkwindow.apply for {spec}"
+        )
+    check_supported(model)
+    if is_converted(model):
+        raise ValueError(
+            f"model is already converted to {get_retrofit(model).variant.spec}; call revert() first"
+        )
+    if not active_spec(model).is_full:
+        raise ValueError(
+            f"model is patched with {active_spec(model)}; restore it with sinkwindow.apply(model, 'full') first"
+        )
+    variant = LinearVariant(
+        kind=spec.kind,
+        window=spec.window,
+        feature_map=feature_map,
+        feature_dim=feature_dim,
+        init=init,
+        window_factor_init=float(window_factor_init),
+        affine=affine,
+        eps=eps,
+    )
+    cfg = text_config(model)
+    H = cfg.num_attention_heads
+    mods = attention_modules(model)
+    rf = Retrofit(variant=variant, impl=model.config._attn_implementation, num_layers=len(mods))
+    ref = next(model.parameters())
+    if seed is not None and init != "identity":
+        torch.manual_seed(seed)
+    for attn in mods:
+        D = attn.head_dim
+        fm = FEATURE_MAPS[feature_map](H, D, feature_dim=feature_dim, init=init, device=ref.device)
+        attn.feature_map_q = fm
+        # LoLCATs deep-copies the query map: both start equal and train apart.
+        attn.feature_map_k = copy.deepcopy(fm)
+        if variant.kind == "lolcats":
+            attn.window_factors = nn.Parameter(
+                torch.full((1, H, 1, 1), float(window_factor_init), device=ref.device)
+            )
+        setattr(attn, RETROFIT_ATTR, rf)
+        rf.hooks.append(attn.register_forward_pre_hook(_capture_cache, with_kwargs=True))
+        rf.hooks.append(attn.register_forward_hook(_release_cache, with_kwargs=True, always_call=True))
+        rf.modules.append(attn)
+    _register()
+    model.set_attn_implementation(ATTN_NAME)
+    setattr(model, RETROFIT_ATTR, rf)
+    model._sinkwindow_cache_factory = rf.make_cache
+    logger.info("converted %s to %s (%d layers, %d query heads)", type(model).__name__, spec, len(mods), H)
+    return model
+
+
+def revert(model: PreTrainedModel) -> PreTrainedModel:
+    """Undo ``convert`` (and LoRA adapters): the model runs its original attention again.
+
+    Raises:
+        ValueError: if the model was not converted.
+    """
+    rf = get_retrofit(model)
+    if rf.lora is not None:
+        from .finetune import remove_lora  # noqa: PLC0415 - peft is optional
+
+        remove_lora(model)
+    for h in rf.hooks:
+        h.remove()
+    for attn in rf.modules:
+        for name in NEW_PARAM_NAMES:
+            if hasattr(attn, name):
+                delattr(attn, name)
+        attn.__dict__.pop(RETROFIT_ATTR, None)
+        attn.__dict__.pop(CACHE_ATTR, None)
+    model.set_attn_implementation(rf.impl)
+    delattr(model, RETROFIT_ATTR)
+    model.__dict__.pop("_sinkwindow_cache_factory", None)
+    return model

@@ -1,0 +1,429 @@
+"""The training loop both stages share: token budget, accumulation, plateau schedule, best checkpoint, resume.
+
+LoLCATs runs both stages through the same trainer (LINEAR.md §3, §4): AdamW (weight decay 0),
+batch 1 × accumulation 8 of packed 1024-token chunks, gradient clipping at 1.0,
+``ReduceLROnPlateau(factor=0.1, patience=10, min_lr=1e-5)`` stepped on the validation loss at
+each evaluation, and the checkpoint with the best validation loss reloaded at the end. Here the
+budget is a number of training tokens rather than epochs, and a stage folder holds everything
+needed to pick the run up again in another session::
+
+    <stage>/last.safetensors    retrofit tensors after the latest saved step
+    <stage>/trainer.pt          optimiser, scheduler, step, best loss, wall time, RNG
+    <stage>/best.safetensors    best validation loss so far
+    <stage>/log.jsonl           one row per evaluation and per saved step
+    <stage>/done.json           written when the budget is spent; a resumed run then skips the stage
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from transformers import PreTrainedModel
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data import PackedData, load_training_data
+
+__all__ = ["StageConfig", "StageResult", "run_stage", "train_baseline"]
+
+logger = logging.getLogger(__name__)
+
+StepFn = Callable[..., dict]
+
+
+@dataclass
+class StageConfig:
+    """One training stage.
+
+    Attributes:
+        stage: ``"transfer"`` (stage 1) or ``"finetune"`` (stage 2); names the folder.
+        lr: AdamW learning rate (LoLCATs: 1e-2 for stage 1, 1e-4 for stage 2).
+        tokens: training-token budget; steps = tokens // (batch_size · grad_accum · seq_len).
+        grad_accum, batch_size: micro-batches per optimiser step and rows per micro-batch.
+        eval_every: optimiser steps between evaluations (the plateau scheduler steps there).
+        save_every: optimiser steps between resumable saves.
+        val_batches: validation micro-batches per evaluation.
+        max_grad_norm: gradient clipping.
+        patience, lr_factor, min_lr: ``ReduceLROnPlateau``.
+        max_minutes: stop (resumably) after this many minutes in this session.
+    """
+
+    stage: str
+    lr: float
+    tokens: int
+    grad_accum: int = 8
+    batch_size: int = 1
+    eval_every: int = 100
+    save_every: int = 10
+    val_batches: int = 8
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    patience: int = 10
+    lr_factor: float = 0.1
+    min_lr: float = 1e-5
+    max_minutes: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens <= 0 or self.grad_accum <= 0 or self.batch_size <= 0:
+            raise ValueError("tokens, grad_accum and batch_size must be positive")
+
+    def steps(self, seq_len: int) -> int:
+        return max(1, self.tokens // (self.batch_size * self.grad_accum * seq_len))
+
+
+@dataclass
+class StageResult:
+    """What a stage did (also ``done.json``)."""
+
+    stage: str
+    finished: bool
+    steps: int
+    steps_total: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    best_val: float | None
+    best_step: int | None
+    first_val: float | None
+    last_train_loss: float | None
+    lr: float
+    out_dir: str
+
+
+def _batch(ids: torch.Tensor, labels: torch.Tensor, index: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Cycle through the chunks: a budget larger than the data runs extra epochs.
+    rows = [(index * b + i) % len(ids) for i in range(b)]
+    return ids[rows], labels[rows]
+
+
+@torch.no_grad()
+def _evaluate(model: PreTrainedModel, step_fn: StepFn, data: PackedData, cfg: StageConfig, device) -> float:
+    model.eval()
+    n = min(cfg.val_batches, math.ceil(len(data.val_ids) / cfg.batch_size))
+    losses = []
+    for i in range(n):
+        x, y = _batch(data.val_ids, data.val_labels, i, cfg.batch_size)
+        losses.append(step_fn(model, x.to(device), y.to(device), backward=False)["loss"])
+    return sum(losses) / len(losses)
+
+
+def _log(path: Path, row: dict) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def run_stage(
+    model: PreTrainedModel,
+    params: list[nn.Parameter],
+    step_fn: StepFn,
+    data: PackedData,
+    cfg: StageConfig,
+    out_dir: str | os.PathLike,
+    meta: dict | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> StageResult:
+    """Train ``params`` with ``step_fn`` until the token budget (or ``max_minutes``) is spent.
+
+    Args:
+        model: a converted model whose trainable tensors are ``params``.
+        params: what AdamW updates.
+        step_fn: ``step_fn(model, ids, labels, scale=..., backward=...) -> {"loss": float, ...}``;
+            it runs backward itself (``transfer_step``, ``finetune.lm_step``).
+        data: packed training and validation chunks.
+        cfg: the stage's settings.
+        out_dir: the stage folder (created).
+        meta: JSON facts stored with every checkpoint (data, budget, ...).
+        resume: continue from ``trainer.pt`` if present; skip the stage if ``done.json`` exists.
+        progress: show a tqdm bar.
+
+    Returns:
+        A ``StageResult``. When finished, the model holds the best checkpoint's tensors.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done_path, state_path = out / "done.json", out / "trainer.pt"
+    seq_len = data.train_ids.shape[1]
+    steps_total = cfg.steps(seq_len)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
+    meta = dict(meta or {}, stage=cfg.stage, stage_config=asdict(cfg))
+    device = next(model.parameters()).device
+
+    if resume and done_path.exists():
+        result = StageResult(**json.loads(done_path.read_text()))
+        best = out / "best.safetensors"
+        load_checkpoint(model, best if best.exists() else out / "last.safetensors")
+        logger.info("%s already done (%d steps); loaded its best checkpoint", cfg.stage, result.steps)
+        return result
+
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
+    )
+    step, wall_prev, best_val, best_step, first_val, train_loss = 0, 0.0, math.inf, None, None, None
+    if resume and state_path.exists():
+        load_checkpoint(model, out / "last.safetensors")
+        st = torch.load(state_path, weights_only=False)
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        step, wall_prev = st["step"], st["wall_s"]
+        best_val, best_step, first_val, train_loss = (
+            st["best_val"],
+            st["best_step"],
+            st["first_val"],
+            st["train_loss"],
+        )
+        torch.set_rng_state(st["rng"])
+        logger.info("resuming %s at step %d/%d", cfg.stage, step, steps_total)
+    else:
+        (out / "log.jsonl").unlink(missing_ok=True)
+
+    t0 = time.perf_counter()
+
+    def wall() -> float:
+        return wall_prev + time.perf_counter() - t0
+
+    def save_state() -> None:
+        save_checkpoint(model, out / "last.safetensors", **meta, step=step, tokens=step * tokens_per_step)
+        state = {
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "step": step,
+            "wall_s": wall(),
+            "best_val": best_val,
+            "best_step": best_step,
+            "first_val": first_val,
+            "train_loss": train_loss,
+            "rng": torch.get_rng_state(),
+        }
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, state_path)
+
+    def evaluate() -> float:
+        nonlocal best_val, best_step, first_val
+        val = _evaluate(model, step_fn, data, cfg, device)
+        if first_val is None:
+            first_val = val
+        sched.step(val)
+        if val < best_val:
+            best_val, best_step = val, step
+            save_checkpoint(
+                model,
+                out / "best.safetensors",
+                **meta,
+                step=step,
+                tokens=step * tokens_per_step,
+                val_loss=val,
+            )
+        _log(
+            out / "log.jsonl",
+            {
+                "step": step,
+                "tokens": step * tokens_per_step,
+                "val_loss": val,
+                "lr": opt.param_groups[0]["lr"],
+                "wall_s": round(wall(), 1),
+            },
+        )
+        return val
+
+    if step == 0:
+        evaluate()
+    bar = tqdm(
+        total=steps_total, initial=step, desc=cfg.stage, unit="step", disable=not progress, dynamic_ncols=True
+    )
+    finished = True
+    session_start = time.perf_counter()
+    while step < steps_total:
+        if cfg.max_minutes is not None and time.perf_counter() - session_start > 60 * cfg.max_minutes:
+            finished = False
+            break
+        model.train()
+        ts = time.perf_counter()
+        loss = 0.0
+        for micro in range(cfg.grad_accum):
+            x, y = _batch(data.train_ids, data.train_labels, step * cfg.grad_accum + micro, cfg.batch_size)
+            loss += (
+                step_fn(model, x.to(device), y.to(device), scale=1.0 / cfg.grad_accum)["loss"]
+                / cfg.grad_accum
+            )
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        train_loss = loss
+        tok_s = tokens_per_step / (time.perf_counter() - ts)
+        _log(
+            out / "log.jsonl",
+            {
+                "step": step,
+                "tokens": step * tokens_per_step,
+                "train_loss": loss,
+                "tok_s": round(tok_s, 1),
+                "wall_s": round(wall(), 1),
+            },
+        )
+        if step % cfg.eval_every == 0 or step == steps_total:
+            evaluate()
+        bar.update(1)
+        bar.set_postfix(
+            loss=f"{loss:.4g}",
+            best_val=f"{best_val:.4g}",
+            lr=f"{opt.param_groups[0]['lr']:.1e}",
+            tok_s=f"{tok_s:.0f}",
+        )
+        if step % cfg.save_every == 0 or step == steps_total:
+            save_state()
+    bar.close()
+    if not finished:
+        save_state()
+    model.eval()
+    result = StageResult(
+        stage=cfg.stage,
+        finished=finished,
+        steps=step,
+        steps_total=steps_total,
+        tokens=step * tokens_per_step,
+        wall_s=round(wall(), 1),
+        tokens_per_s=round(step * tokens_per_step / max(wall(), 1e-9), 1),
+        best_val=None if math.isinf(best_val) else best_val,
+        best_step=best_step,
+        first_val=first_val,
+        last_train_loss=train_loss,
+        lr=opt.param_groups[0]["lr"],
+        out_dir=str(out),
+    )
+    if finished:
+        # LoLCATs' load_best_model_at_end.
+        load_checkpoint(model, out / "best.safetensors")
+        done_path.write_text(json.dumps(asdict(result), indent=2))
+    return result
+
+
+def train_baseline(
+    model: PreTrainedModel,
+    tokenizer,
+    spec: str,
+    out_dir: str | os.PathLike,
+    *,
+    data: str | None = "essays",
+    transfer_tokens: int = 1_000_000,
+    finetune_tokens: int = 2_000_000,
+    seq_len: int = 1024,
+    grad_accum: int = 8,
+    lr_transfer: float = 1e-2,
+    lr_finetune: float = 1e-4,
+    eval_every: int = 100,
+    save_every: int = 10,
+    val_batches: int = 8,
+    lora_r: int = 8,
+    lora_alpha: float = 16,
+    layer_group: int | None = None,
+    max_minutes: float | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    convert_options: dict | None = None,
+    model_name: str | None = None,
+) -> dict:
+    """Convert ``model`` to ``spec`` and train it in two stages; write ``out_dir/model.safetensors``.
+
+    Stage 1 (attention transfer) trains feature maps and γ on ``transfer_tokens``; stage 2 trains
+    LoRA (r = ``lora_r``) on q/k/v/o with next-token loss on ``finetune_tokens`` (0 skips it). Both
+    read the same packed chunks from the start, as LoLCATs does. Rerunning with the same folder
+    resumes where the last session stopped.
+
+    Returns:
+        The run summary (also ``out_dir/summary.json``); ``"finished"`` is False when
+        ``max_minutes`` ran out first.
+    """
+    from .convert import convert, is_converted
+    from .finetune import add_lora, lm_step, lora_parameters
+    from .transfer import prepare_transfer, transfer_step
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    packed = load_training_data(
+        tokenizer,
+        data,
+        seq_len=seq_len,
+        max_train_tokens=max(transfer_tokens, finetune_tokens),
+        val_chunks=val_batches,
+    )
+    config = {
+        "spec": str(spec),
+        "model": model_name,
+        "data": packed.info,
+        "transfer_tokens": transfer_tokens,
+        "finetune_tokens": finetune_tokens,
+        "seq_len": seq_len,
+        "grad_accum": grad_accum,
+        "lr_transfer": lr_transfer,
+        "lr_finetune": lr_finetune,
+        "lora": {"r": lora_r, "alpha": lora_alpha},
+        "convert_options": convert_options or {},
+        "threads": torch.get_num_threads(),
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    if not is_converted(model):
+        convert(model, spec, **(convert_options or {}))
+    meta = {"data": packed.info, "model_name": model_name}
+
+    def remaining() -> float | None:
+        return None if max_minutes is None else max(0.0, max_minutes - (time.perf_counter() - t_start) / 60)
+
+    summary: dict = {"spec": str(spec), "model": model_name, "data": packed.info, "stages": {}}
+    params = prepare_transfer(model)
+    s1 = StageConfig(
+        "transfer", lr=lr_transfer, tokens=transfer_tokens, grad_accum=grad_accum, eval_every=eval_every,
+        save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
+    )  # fmt: skip
+
+    def step1(m, x, y, scale=1.0, backward=True):
+        return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
+
+    r1 = run_stage(model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress)
+    summary["stages"]["transfer"] = asdict(r1)
+    finished = r1.finished
+    if finished and finetune_tokens > 0:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        add_lora(model, r=lora_r, alpha=lora_alpha)
+        s2 = StageConfig(
+            "finetune", lr=lr_finetune, tokens=finetune_tokens, grad_accum=grad_accum, eval_every=eval_every,
+            save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
+        )  # fmt: skip
+        r2 = run_stage(
+            model,
+            lora_parameters(model),
+            lm_step,
+            packed,
+            s2,
+            out / "finetune",
+            meta,
+            resume=resume,
+            progress=progress,
+        )
+        summary["stages"]["finetune"] = asdict(r2)
+        finished = r2.finished
+    summary["finished"] = finished
+    summary["session_wall_s"] = round(time.perf_counter() - t_start, 1)
+    if finished:
+        tokens = {k: v["tokens"] for k, v in summary["stages"].items()}
+        ckpt = save_checkpoint(
+            model, out / "model.safetensors", **meta, budget=tokens, stages=summary["stages"]
+        )
+        summary["checkpoint"] = str(ckpt)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,329 @@
+"""Training the baselines: stage 1 teacher forcing and loss, LoRA, checkpoints, resume, data, CLI parsing."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from sinkwindow.linear import convert, load_checkpoint, load_linear, read_metadata, revert, save_checkpoint
+from sinkwindow.linear.attention import softmax_attention, student_attention
+from sinkwindow.linear.cli import parse_tokens
+from sinkwindow.linear.convert import get_retrofit, set_mode
+from sinkwindow.linear.data import IGNORE, encode_row, load_training_data, pack
+from sinkwindow.linear.finetune import add_lora, lm_step, lora_parameters
+from sinkwindow.linear.trainer import StageConfig, run_stage, train_baseline
+from sinkwindow.linear.transfer import collect_records, linear_share, prepare_transfer, transfer_step
+
+W = 8
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # See test_linear_model.py: tiny ops on a shared 2-core box are far faster on one thread.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for the data code: ids 2..100 from characters, EOS = 1."""
+
+    eos_token_id = 1
+
+    def __call__(self, text: str, add_special_tokens: bool = True):
+        return types.SimpleNamespace(input_ids=[2 + ord(c) % 99 for c in text])
+
+
+def ids_for(b: int, n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, 101, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def alpaca_file(tmp_path):
+    rows = [
+        {
+            "instruction": f"Count to {i}.",
+            "input": "slowly" if i % 3 == 0 else "",
+            "output": " ".join(["one"] * (i % 13 + 2)),
+        }
+        for i in range(260)
+    ]
+    path = tmp_path / "alpaca.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_transfer_mode_returns_teacher_outputs():
+    # Teacher forcing: a converted model in transfer mode computes exactly the original model.
+    model = tiny_model("llama")
+    ids = ids_for(1, 40)
+    with torch.no_grad():
+        before = model(ids, use_cache=False).logits
+        convert(model, f"lolcats:{W}")
+        set_mode(model, "transfer")
+        during = model(ids, use_cache=False).logits
+        set_mode(model, "student")
+        after = model(ids, use_cache=False).logits
+    torch.testing.assert_close(during, before, atol=1e-5, rtol=0)
+    assert (after - before).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("spec", [f"lolcats:{W}", "linear"])
+def test_batched_students_equal_per_layer_students(spec):
+    # transfer_step folds all layers into the head axis; it must equal layer-by-layer attention.
+    model = convert(tiny_model("llama"), spec, init="kaiming")
+    ids = ids_for(2, 37)
+    with torch.no_grad():
+        got = transfer_step(model, ids, backward=False, mse_factor=1.0)["layer_mse"]
+        rf = get_retrofit(model)
+        want = []
+        for r in collect_records(model, ids):
+            o, _ = student_attention(rf.modules[r.layer], rf.variant, r.q, r.k, r.v, r.scaling)
+            torch.testing.assert_close(r.target, softmax_attention(r.q, r.k, r.v, r.scaling))
+            want.append(float((o - r.target).square().mean()))
+    assert got == pytest.approx(want, rel=1e-5)
+    grouped = transfer_step(model, ids, backward=False, mse_factor=1.0, layer_group=2)["layer_mse"]
+    assert grouped == pytest.approx(want, rel=1e-5)
+
+
+def test_stage1_trains_only_maps_and_gamma():
+    model = convert(tiny_model("llama"), f"lolcats:{W}")
+    params = prepare_transfer(model)
+    assert len(params) == 3 * 3  # per layer: φq, φk, ω
+    transfer_step(model, ids_for(1, 30))
+    grads = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert grads == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert grads and all(("feature_map" in n or "window_factors" in n) for n in grads)
+
+
+def test_stage1_loss_falls_within_20_steps():
+    model = convert(tiny_model("llama"), f"lolcats:{W}")
+    params = prepare_transfer(model)
+    opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
+    ids = ids_for(2, 64, seed=1)
+    held_out = ids_for(1, 64, seed=2)
+    with torch.no_grad():
+        val0 = transfer_step(model, held_out, backward=False)["loss"]
+    share0 = linear_share(model, held_out)
+    losses = []
+    for _ in range(20):
+        losses.append(transfer_step(model, ids)["loss"])
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        val = transfer_step(model, held_out, backward=False)["loss"]
+    share = linear_share(model, held_out)
+    assert losses[-1] < 0.9 * losses[0], losses
+    assert val < val0
+    assert all(0.5 < s0 < 1 for s0 in share0)  # the linear term dominates at init (LINEAR.md §1.3)
+    assert sum(share) < sum(share0)
+
+
+def test_lora_trains_only_adapters_and_revert_removes_them():
+    model = tiny_model("llama")
+    ids = ids_for(1, 30)
+    with torch.no_grad():
+        original = model(ids).logits
+    convert(model, f"lolcats:{W}")
+    params = add_lora(model, r=4, alpha=8)
+    assert params == lora_parameters(model)
+    assert {p.requires_grad for p in model.parameters() if all(p is not q for q in params)} == {False}
+    hidden, kv = model.config.hidden_size, model.config.num_key_value_heads * 8
+    per_layer = 4 * (2 * (hidden + hidden) + 2 * (hidden + kv))  # r · (in + out) for q, o, k, v
+    assert sum(p.numel() for p in params) == 3 * per_layer
+    loss = lm_step(model, ids, ids)["loss"]
+    assert loss > 0 and all(p.grad is not None for p in params)
+    revert(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, original)
+    assert not any("lora" in n for n, _ in model.named_parameters())
+
+
+def _perturb(model, seed: int = 3) -> None:
+    # LoRA's B starts at zero and maps at identity: move everything so a round trip means something.
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def test_checkpoint_round_trip_gives_identical_logits(tmp_path):
+    model = convert(tiny_model("llama"), f"lolcats:{W}")
+    add_lora(model)
+    _perturb(model)
+    ids = ids_for(1, 41)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    path = save_checkpoint(model, tmp_path / "ckpt", note="test")
+    meta = read_metadata(tmp_path / "ckpt")
+    assert meta["spec"] == f"lolcats:{W}" and meta["variant"]["feature_map"] == "hedgehog"
+    assert meta["lora"]["r"] == 8 and meta["note"] == "test"
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(path)))
+    assert names and all(("feature_map" in n or "window_factors" in n or "lora_" in n) for n in names)
+    fresh = load_linear(tiny_model("llama"), f"lolcats:{W}", tmp_path / "ckpt")
+    with torch.no_grad():
+        got = fresh(ids, use_cache=False).logits
+    assert torch.equal(got, want)
+
+
+def test_checkpoint_refuses_the_wrong_spec_or_model(tmp_path):
+    model = convert(tiny_model("llama"), f"lolcats:{W}")
+    save_checkpoint(model, tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match="not 'linear'"):
+        load_linear(tiny_model("llama"), "linear", tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match="different model"):
+        load_checkpoint(tiny_model("qwen3"), tmp_path / "a.safetensors")
+    other = convert(tiny_model("llama"), f"lolcats:{W}", affine=True)
+    with pytest.raises(ValueError, match="converted to"):
+        load_checkpoint(other, tmp_path / "a.safetensors")
+
+
+def test_alpaca_rows_mask_the_prompt_and_pack():
+    tok = CharTokenizer()
+    ids, labels = encode_row(tok, {"instruction": "Add.", "input": "1 2", "output": "3"})
+    n_answer = len("3") + 1
+    assert labels[:-n_answer] == [IGNORE] * (len(ids) - n_answer)
+    assert labels[-n_answer:] == ids[-n_answer:] and ids[-1] == tok.eos_token_id
+    text_ids, text_labels = encode_row(tok, {"text": "hello"})
+    assert text_ids == text_labels
+    x, y = pack([(ids, labels), ([5] * 20, [IGNORE] * 20), (text_ids, text_labels)], seq_len=16)
+    assert x.shape[1] == 16 and x.shape == y.shape
+    assert (y != IGNORE).any(dim=1).all()  # label-free chunks are dropped
+    with pytest.raises(ValueError, match="Alpaca"):
+        encode_row(tok, {"question": "?"})
+
+
+def test_load_training_data_splits_validation_first(alpaca_file):
+    data = load_training_data(
+        CharTokenizer(), alpaca_file, seq_len=32, max_train_tokens=200, val_rows=200, val_chunks=3
+    )
+    assert data.info["format"] == "alpaca" and data.info["val_rows"] == 200
+    assert len(data.val_ids) == 3 and data.train_ids.shape[1] == 32
+    # Tokenizing stops once the budget is covered.
+    assert len(data.train_ids) >= 1 and data.info["train_rows_used"] < 10
+    again = load_training_data(
+        CharTokenizer(), alpaca_file, seq_len=32, max_train_tokens=200, val_rows=200, val_chunks=3
+    )
+    assert torch.equal(data.train_ids, again.train_ids)  # a resumed run sees the same chunks
+
+
+def test_run_stage_resumes_to_the_same_result(tmp_path, alpaca_file):
+    data = load_training_data(
+        CharTokenizer(), alpaca_file, seq_len=32, max_train_tokens=600, val_rows=200, val_chunks=2
+    )
+    cfg = StageConfig(
+        "transfer", lr=1e-2, tokens=4 * 2 * 32, grad_accum=2, eval_every=2, save_every=1, val_batches=2
+    )
+
+    def fresh():
+        model = convert(tiny_model("llama"), f"lolcats:{W}")
+        return model, prepare_transfer(model)
+
+    model, params = fresh()
+    whole = run_stage(model, params, transfer_step, data, cfg, tmp_path / "whole", progress=False)
+    assert whole.finished and whole.steps == 4 and whole.best_val < whole.first_val
+
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2 + 2 * 2 + 2:  # eval at step 0, steps 1-2, eval at step 2: stop inside step 3
+            raise KeyboardInterrupt
+        return transfer_step(*args, **kwargs)
+
+    model, params = fresh()
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(model, params, interrupted, data, cfg, tmp_path / "split", progress=False)
+    model, params = fresh()
+    resumed = run_stage(model, params, transfer_step, data, cfg, tmp_path / "split", progress=False)
+    assert resumed.finished and resumed.steps == 4
+    assert resumed.best_val == pytest.approx(whole.best_val, rel=1e-6)
+    log = [json.loads(line) for line in (tmp_path / "split" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
+
+
+def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
+    kwargs = dict(
+        data=str(alpaca_file), transfer_tokens=2 * 2 * 32, finetune_tokens=2 * 2 * 32, seq_len=32, grad_accum=2,
+        eval_every=1, save_every=1, val_batches=2, progress=False,
+    )  # fmt: skip
+    model = tiny_model("llama")
+    summary = train_baseline(model, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", **kwargs)
+    assert summary["finished"] and set(summary["stages"]) == {"transfer", "finetune"}
+    assert summary["stages"]["finetune"]["tokens"] == 128
+    meta = read_metadata(tmp_path / "run")
+    assert meta["lora"]["r"] == 8 and meta["data"]["format"] == "alpaca" and meta["budget"]["transfer"] == 128
+    ids = ids_for(1, 30)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        got = load_linear(tiny_model("llama"), f"lolcats:{W}", tmp_path / "run")(ids, use_cache=False).logits
+    assert torch.equal(got, want)
+    # A finished run is skipped on rerun and leaves the same model.
+    again = tiny_model("llama")
+    assert train_baseline(again, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", **kwargs)["finished"]
+    with torch.no_grad():
+        assert torch.equal(again(ids, use_cache=False).logits, want)
+
+
+@pytest.mark.parametrize(
+    "text,n", [("1M", 1_000_000), ("500k", 500_000), ("2.5M", 2_500_000), ("4096", 4096)]
+)
+def test_parse_tokens(text, n):
+    assert parse_tokens(text) == n
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A tiny Llama saved as a local model folder, with a word-level tokenizer, for ``sinkwindow.load``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 101)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="w1").save_pretrained(
+        folder
+    )
+    return folder
+
+
+def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file):
+    import sinkwindow
+    from sinkwindow.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", str(tiny_folder), "--method", f"lolcats:{W}", "--data", str(alpaca_file)]
+    argv += [
+        "--tokens",
+        "96",
+        "--seq-len",
+        "16",
+        "--grad-accum",
+        "1",
+        "--eval-every",
+        "2",
+        "--val-batches",
+        "1",
+    ]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stages"]["transfer"]["tokens"] == 32 and summary["stages"]["finetune"]["tokens"] == 64
+    model, _ = sinkwindow.load(str(tiny_folder), method=f"lolcats:{W}", checkpoint=str(out))
+    again = load_linear(tiny_model("llama"), f"lolcats:{W}", out / "model.safetensors")
+    ids = ids_for(1, 30)
+    with torch.no_grad():
+        assert torch.equal(model(ids, use_cache=False).logits, again(ids, use_cache=False).logits)
+    assert not any(p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match="sinkwindow train"):
+        sinkwindow.load(str(tiny_folder), method="linear")

@@ -1,0 +1,576 @@
+"""Short-context tasks through lm-eval: offline task configs, the ``sinkwindow`` model, the runner,
+the CLIs and the recovery table. Fixtures are tiny JSONL files in the hub schemas, written here."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval", reason="lm-eval not installed: pip install 'sinkwindow[lmeval]'")
+
+from conftest import smollm2_available  # noqa: E402
+from sinkwindow.eval import lmeval  # noqa: E402
+from sinkwindow.eval.lmeval_tasks import utils as local_utils  # noqa: E402
+
+
+def mmlu_subjects() -> dict[str, str]:
+    """``{subject: category}`` from the packaged configs' tags (``mmlu_local_<category>_tasks``)."""
+    out = {}
+    for path in sorted(lmeval.TASKS_DIR.glob("mmlu_local_*.yaml")):
+        text = path.read_text()
+        tag = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("tag: "))
+        out[path.stem.removeprefix("mmlu_local_")] = tag.removeprefix("mmlu_local_").removesuffix("_tasks")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Set, then delete: monkeypatch then restores the variable's absence after cli_evaluate sets it.
+    monkeypatch.setenv(local_utils.DATA_ENV, "unset")
+    monkeypatch.delenv(local_utils.DATA_ENV)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+# (question, answer, three wrong choices): easy enough that SmolLM2-135M beats chance.
+EASY_FACTS = [
+    ("What color is the sky on a clear day?", "blue", "green", "purple", "black"),
+    ("Which day comes after Monday?", "Tuesday", "Friday", "Sunday", "Saturday"),
+    ("What do cows drink?", "water", "oil", "paint", "ink"),
+    ("How many legs does a dog have?", "four", "two", "ten", "none"),
+    ("What falls from clouds when it rains?", "water", "sand", "coins", "leaves"),
+    ("Which animal barks?", "a dog", "a fish", "a snail", "a worm"),
+    ("What do you use to write on paper?", "a pen", "a spoon", "a shoe", "a pillow"),
+    ("Where do fish live?", "in water", "in trees", "in the sky", "in the desert"),
+]
+
+
+def write_fixtures(root: Path, n: int = 6, mmlu_n: int = 1) -> Path:
+    """``n`` items per task (``mmlu_n`` per MMLU subject, all 57) in the ``../shared/data/short``
+    layout and schemas."""
+    arc = []
+    for i in range(n):
+        question, answer, *wrong = EASY_FACTS[i % len(EASY_FACTS)]
+        labels = ["A", "B", "C", "D"] if i % 3 else ["1", "2", "3", "4"]  # ARC has numeric labels too
+        gold = i % 4  # the answer moves around, so "always the first choice" scores 25%
+        texts = wrong[:gold] + [answer] + wrong[gold:]
+        arc.append(
+            {
+                "id": f"fixture_{i}",
+                "question": question,
+                "choices": {"text": texts, "label": labels},
+                "answerKey": labels[gold],
+            }
+        )
+    _write_jsonl(root / "arc_easy_test.jsonl", arc)
+    _write_jsonl(root / "arc_challenge_test.jsonl", arc[::-1])
+    piqa = [
+        {
+            "goal": f"How do I keep {n_} cups of water cold?",
+            "sol1": "Put them in the fridge.",
+            "sol2": "Put them in the oven.",
+            "label": i % 2,
+        }
+        for i, n_ in enumerate(range(2, 2 + n))
+    ]
+    _write_jsonl(root / "piqa_validation.jsonl", piqa)
+    wino = [
+        {
+            "sentence": f"Anna gave Beth {i + 2} apples because _ had too many.",
+            "option1": "Anna",
+            "option2": "Beth",
+            "answer": "1" if i % 2 == 0 else "2",
+        }
+        for i in range(n)
+    ]
+    _write_jsonl(root / "winogrande_xl_validation.jsonl", wino)
+    test, dev = [], []
+    for subject in mmlu_subjects():
+        for i in range(mmlu_n):
+            test.append(
+                {
+                    "question": f"Q{i} about {subject}: which is {i}?",
+                    "subject": subject,
+                    "choices": [str(i), str(i + 1), str(i + 2), str(i + 3)],
+                    "answer": (i + len(test)) % 4,
+                }
+            )
+        for i in range(5):
+            dev.append(
+                {
+                    "question": f"Dev {i} {subject}?",
+                    "subject": subject,
+                    "choices": ["w", "x", "y", "z"],
+                    "answer": i % 4,
+                }
+            )
+    _write_jsonl(root / "mmlu_test.jsonl", test)
+    _write_jsonl(root / "mmlu_dev.jsonl", dev)
+    lines = []
+    for i in range(n):
+        lines += [f"Cooking: A man puts {i + 1} eggs in a pan. he", str(i % 4)]
+        lines += ["cooks the eggs.", "eats the pan.", "throws [step] the eggs.", "sings to a cat."]
+    hs = root / "hellaswag_textformat" / "hellaswag_val_full.txt"
+    hs.parent.mkdir(parents=True, exist_ok=True)
+    hs.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def tiny_char_model(folder: Path) -> Path:
+    """A tiny random Llama with a character-level tokenizer, saved where ``sinkwindow.load`` finds it."""
+    import torch
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<pad>", "<s>", "</s>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8.0)  # sharper attention, so the window changes the scores
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Path:
+    return write_fixtures(tmp_path_factory.mktemp("short"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return tiny_char_model(tmp_path_factory.mktemp("tiny-char-llama"))
+
+
+# ---------------------------------------------------------------------------- task configs
+
+
+def _docs(task):
+    return list(task.test_docs() if task.has_test_docs() else task.validation_docs())
+
+
+def test_local_tasks_load_offline_in_stock_format(fixtures):
+    tm = lmeval._task_manager(fixtures)
+    loaded = tm.load(
+        ["arc_easy_local", "arc_challenge_local", "piqa_local", "winogrande_local", "hellaswag_local"]
+    )
+    tasks = loaded["tasks"]
+    arc = tasks["arc_easy_local"]
+    doc = _docs(arc)[1]
+    assert arc.doc_to_text(doc) == "Question: Which day comes after Monday?\nAnswer:"
+    assert arc.doc_to_choice(doc) == ["Friday", "Tuesday", "Sunday", "Saturday"]
+    assert arc.doc_to_target(doc) == 1
+    assert len(_docs(tasks["arc_challenge_local"])) == 6
+    piqa = tasks["piqa_local"]
+    d = _docs(piqa)[1]
+    assert piqa.doc_to_text(d).startswith("Question: How do I keep 3 cups")
+    assert (
+        piqa.doc_to_choice(d) == ["Put them in the fridge.", "Put them in the oven."]
+        and piqa.doc_to_target(d) == 1
+    )
+    wino = tasks["winogrande_local"]
+    d = _docs(wino)[0]
+    assert wino.doc_to_choice(d) == [
+        "Anna gave Beth 2 apples because Anna",
+        "Anna gave Beth 2 apples because Beth",
+    ]
+    assert wino.doc_to_target(d) == "had too many." and wino.doc_to_text(d) == 0
+    hs = tasks["hellaswag_local"]
+    d = _docs(hs)[2]
+    assert hs.doc_to_text(d) == "Cooking: A man puts 3 eggs in a pan. he"
+    # lm-eval's preprocess() drops WikiHow's bracket tags, as stock hellaswag does.
+    assert hs.doc_to_choice(d)[2] == "throws the eggs." and hs.doc_to_target(d) == 2
+
+
+def test_mmlu_local_is_5shot_from_dev_and_grouped(fixtures):
+    tm = lmeval._task_manager(fixtures)
+    loaded = tm.load(["mmlu_local"])
+    names = set(loaded["tasks"])
+    assert {"mmlu_local_abstract_algebra", "mmlu_local_world_religions"} <= names
+    assert len(names) == 57
+    task = loaded["tasks"]["mmlu_local_world_religions"]
+    assert task.get_config("num_fewshot") == 5  # the paper's protocol is the local group's default
+    doc = _docs(task)[0]
+    ctx = task.fewshot_context(doc, num_fewshot=5)
+    assert ctx.startswith(
+        "The following are multiple choice questions (with answers) about world religions.\n\n"
+    )
+    assert ctx.count("Answer:") == 6 and "Dev 0 world_religions?" in ctx and "Dev 4 world_religions?" in ctx
+    assert "abstract_algebra" not in ctx  # dev rows are filtered by subject, first_n order kept
+    assert ctx.endswith("Q0 about world_religions: which is 0?\nA. 0\nB. 1\nC. 2\nD. 3\nAnswer:")
+
+
+def test_local_prompts_match_stock_yamls():
+    """The offline configs copy the stock prompts, targets, splits and metrics field for field."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    stock_dir = Path(lmeval_stock_dir())
+    pairs = {
+        "arc/arc_easy.yaml": "arc_easy_local.yaml",
+        "piqa/piqa.yaml": "piqa_local.yaml",
+        "hellaswag/hellaswag.yaml": "hellaswag_local.yaml",
+        "mmlu/default/mmlu_world_religions.yaml": "mmlu_local_world_religions.yaml",
+    }
+    fields = (
+        "doc_to_text",
+        "doc_to_target",
+        "doc_to_choice",
+        "description",
+        "fewshot_split",
+        "fewshot_config",
+        "output_type",
+    )
+    for stock, ours in pairs.items():
+        a = load_yaml(stock_dir / stock, resolve_func=False)
+        b = load_yaml(lmeval.TASKS_DIR / ours, resolve_func=False)
+        for f in fields:
+            assert a.get(f) == b.get(f), (stock, f)
+        assert [m["metric"] for m in a["metric_list"]] == [m["metric"] for m in b["metric_list"]]
+        # The split lm-eval scores: test when the config has one, else validation.
+        assert (b.get("test_split") or b.get("validation_split")) == (
+            a.get("test_split") or a.get("validation_split")
+        )
+
+
+def test_task_configs_ship_as_package_data():
+    """Every config file and include target ends in .yaml: package-data only ships ``**/*.yaml``."""
+    names = {p.name for p in lmeval.TASKS_DIR.iterdir() if p.is_file()}
+    assert names - {"__init__.py", "utils.py"} == {n for n in names if n.endswith(".yaml")}
+    for path in lmeval.TASKS_DIR.glob("*.yaml"):
+        for line in path.read_text().splitlines():
+            if line.startswith("include:"):
+                target = line.split(":", 1)[1].strip()
+                assert target.endswith(".yaml") and (lmeval.TASKS_DIR / target).exists(), (path.name, target)
+
+
+def lmeval_stock_dir() -> str:
+    import lm_eval.tasks
+
+    return str(Path(lm_eval.tasks.__file__).parent)
+
+
+def test_missing_data_file_is_named(tmp_path):
+    (tmp_path / "arc_easy_test.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match="piqa_validation.jsonl"):
+        lmeval.run_lmeval("unused", ["full"], ["piqa"], data_dir=tmp_path, out_dir=tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="SINKWINDOW_SHORT_DATA"):
+        local_utils.resolve_data_dir(None)
+    assert not lmeval.short_data_available(tmp_path)
+
+
+def test_resolve_task_names():
+    assert lmeval.resolve_task("arc_easy", local=True) == "arc_easy_local"
+    assert lmeval.resolve_task("mmlu", local=True) == "mmlu_local"
+    assert lmeval.resolve_task("mmlu_anatomy", local=True) == "mmlu_local_anatomy"
+    assert lmeval.resolve_task("hellaswag", local=False) == "hellaswag"
+    assert lmeval._canonical("mmlu_local_anatomy") == "mmlu_anatomy"
+    with pytest.raises(ValueError, match="no offline config"):
+        lmeval.resolve_task("lambada", local=True)
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    rows = lmeval.run_lmeval(
+        str(tiny_model_dir),
+        ["full", "swa:8:2"],
+        list(lmeval.SHORT_TASKS),
+        data_dir=fixtures,
+        limit=4,
+        out_dir=out,
+        batch_size=4,
+    )
+    assert len(rows) == 12
+    stored = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert stored == rows
+    by = {(r["task"], r["method"]): r for r in rows}
+    for (task, _method), r in by.items():
+        assert {"task", "method", "metric", "value", "stderr", "n", "model", "limit", "num_fewshot"} <= set(r)
+        assert r["metric"] == ("acc_norm" if task in ("arc_challenge", "hellaswag") else "acc")
+        assert 0.0 <= r["value"] <= 1.0 and r["value"] == r["metrics"][r["metric"]]
+        assert r["num_fewshot"] == (5 if task == "mmlu" else 0) and r["limit"] == 4 and r["source"] == "local"
+        assert r["n"] == (57 if task == "mmlu" else 4)  # the fixture has one item per MMLU subject
+        assert set(r["metrics"]) == ({"acc"} if task in ("mmlu", "winogrande") else {"acc", "acc_norm"})
+    # MMLU: lm-eval's size-weighted mean, i.e. over questions, also across the four categories.
+    sizes = Counter(mmlu_subjects().values())
+    for method in ("full", "swa:8:2"):
+        r = by[("mmlu", method)]
+        assert math.isclose(r["value"], sum(r["subgroups"][f"mmlu_{c}"] * k for c, k in sizes.items()) / 57)
+    assert (out / "short_tasks.md").exists() and "Avg. recovery" in (out / "short_tasks.md").read_text()
+
+    # Resume: nothing is recomputed and nothing appended.
+    again = lmeval.run_lmeval(
+        str(tiny_model_dir),
+        ["full", "swa:8:2"],
+        list(lmeval.SHORT_TASKS),
+        data_dir=fixtures,
+        limit=4,
+        out_dir=out,
+    )
+    assert again == rows
+    assert len((out / "results.jsonl").read_text().splitlines()) == 12
+
+
+def test_max_batch_tokens_splits_batches_without_changing_scores(fixtures, tiny_model_dir):
+    """Capping batch x length (for long MMLU prompts) regroups requests; every score stays the same."""
+    import sinkwindow
+
+    model, tok = sinkwindow.load(str(tiny_model_dir))
+    cls = lmeval.register()
+    lm = cls(pretrained=model, tokenizer=tok, method="swa:8:2", batch_size=8, max_batch_tokens=None)
+    reqs = [
+        (("", ""), list(range(5, 5 + n)), [7, 8, 9][: 1 + n % 3]) for n in (3, 40, 17, 90, 5, 64, 33, 12, 71)
+    ]
+    plain = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    lm.max_batch_tokens = 100  # groups of 1, 2 and 4 requests
+    split = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert lm.batch_size == 8
+    assert [b for _, b in split] == [b for _, b in plain]
+    for (a, _), (b, _) in zip(plain, split):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_run_lmeval_reuses_a_loaded_model_and_hands_it_back(fixtures, tiny_model_dir):
+    import sinkwindow
+
+    model, tok = sinkwindow.load(str(tiny_model_dir), method="swa:16:4")
+    rows = lmeval.run_lmeval(
+        "tiny", ["full", "swa:8:2"], ["piqa"], data_dir=fixtures, limit=2, model_and_tokenizer=(model, tok)
+    )
+    assert [(r["task"], r["method"], r["n"]) for r in rows] == [("piqa", "full", 2), ("piqa", "swa:8:2", 2)]
+    assert str(sinkwindow.active_spec(model)) == "swa:16:4"
+    with pytest.raises(ValueError, match="checkpoint"):
+        lmeval.run_lmeval(
+            "tiny", ["lolcats:64"], ["piqa"], data_dir=fixtures, model_and_tokenizer=(model, tok)
+        )
+
+
+def test_sinkwindow_eval_lm_eval_subcommand(fixtures, tiny_model_dir, tmp_path, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="sinkwindow eval")
+    sub = parser.add_subparsers(dest="command")
+    lmeval.register_lmeval_subcommand(sub)
+    out = tmp_path / "cli"
+    args = parser.parse_args(
+        [
+            "lm-eval",
+            "--model",
+            str(tiny_model_dir),
+            "--method",
+            "swa:16:4",
+            "--tasks",
+            "arc_easy,piqa",
+            "--data-dir",
+            str(fixtures),
+            "--limit",
+            "3",
+            "--out",
+            str(out),
+            "--batch-size",
+            "2",
+        ]
+    )
+    assert args.func(args) == 0
+    rows = lmeval.read_rows(out)
+    assert {(r["task"], r["method"]) for r in rows} == {
+        ("arc_easy", "full"),
+        ("arc_easy", "swa:16:4"),
+        ("piqa", "full"),
+        ("piqa", "swa:16:4"),
+    }
+    printed = capsys.readouterr().out
+    assert "| method | ARC-E | PIQA | Avg. | MMLU recovery | Avg. recovery |" in printed
+    assert json.loads(printed.strip().splitlines()[-1])["rows"] == 4
+
+
+def test_stock_cli_loads_the_plugin(fixtures, tiny_model_dir, tmp_path):
+    """``sinkwindow-lm-eval`` = lm-eval's CLI with ``--model sinkwindow`` registered and our tasks included."""
+    out = tmp_path / "stock"
+    lmeval.cli_evaluate(
+        [
+            "--model",
+            "sinkwindow",
+            "--model_args",
+            f"pretrained={tiny_model_dir},method=swa:8:2",
+            "--tasks",
+            "arc_easy_local,winogrande_local",
+            "--data-dir",
+            str(fixtures),
+            "--limit",
+            "2",
+            "--device",
+            "cpu",
+            "--batch_size",
+            "2",
+            "--output_path",
+            str(out),
+        ]
+    )
+    files = list(out.rglob("results_*.json"))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())
+    assert set(res["results"]) == {"arc_easy_local", "winogrande_local"}
+    assert res["config"]["sinkwindow_method"] == "swa:8:2"
+    assert res["n-samples"]["arc_easy_local"]["effective"] == 2
+
+
+def test_console_script_is_declared():
+    from importlib.metadata import entry_points
+
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    if "sinkwindow-lm-eval" not in scripts:
+        pytest.skip("package installed before the console script was added; reinstall with pip install -e .")
+    assert scripts["sinkwindow-lm-eval"] == "sinkwindow.eval.lmeval:cli_evaluate"
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+def _row(task, method, value, metric=None, n=100, **extra):
+    metric = metric or lmeval.headline_metric(task)
+    other = "acc" if metric == "acc_norm" else "acc_norm"
+    return {
+        "suite": "lm-eval",
+        "model": "m",
+        "task": task,
+        "method": method,
+        "metric": metric,
+        "value": value,
+        "metrics": {metric: value, other: value / 2},
+        "n": n,
+        "limit": None,
+        "num_fewshot": 5 if task == "mmlu" else 0,
+        "source": "local",
+        **extra,
+    }
+
+
+def test_recovery_table_known_inputs():
+    full = {
+        "mmlu": 0.50,
+        "arc_challenge": 0.40,
+        "arc_easy": 0.80,
+        "hellaswag": 0.60,
+        "piqa": 0.70,
+        "winogrande": 0.60,
+    }
+    swa = {
+        "mmlu": 0.45,
+        "arc_challenge": 0.40,
+        "arc_easy": 0.76,
+        "hellaswag": 0.57,
+        "piqa": 0.70,
+        "winogrande": 0.54,
+    }
+    rows = [_row(t, "full", v) for t, v in full.items()] + [_row(t, "swa:64:4", v) for t, v in swa.items()]
+    md, data = lmeval.recovery_table(rows)
+    m = data["models"]["m"]
+    assert m["tasks"] == list(lmeval.SHORT_TASKS)
+    s = m["methods"]["swa:64:4"]
+    assert math.isclose(s["mmlu_recovery"], 90.0)
+    assert math.isclose(s["recovery"]["arc_easy"], 95.0) and math.isclose(s["recovery"]["piqa"], 100.0)
+    assert math.isclose(s["average"], 100 * sum(swa.values()) / 6)
+    assert math.isclose(s["average_recovery"], 100 * sum(swa.values()) / sum(full.values()))  # 342/360 = 95.0
+    assert math.isclose(s["average_recovery"], 95.0)
+    assert math.isclose(s["mean_task_recovery"], (90 + 100 + 95 + 95 + 100 + 90) / 6)
+    assert m["methods"]["full"]["average_recovery"] == 100.0
+    assert (
+        "| method | MMLU | ARC-C | ARC-E | HellaSwag | PIQA | WinoGrande | Avg. | MMLU recovery | Avg. recovery |"
+        in md
+    )
+    assert "| **full** | 50.0 | 40.0 | 80.0 | 60.0 | 70.0 | 60.0 | 60.0 | 100.0 | 100.0 |" in md
+    assert (
+        "| swa:64:4 | 45.0 (90.0) | 40.0 (100.0) | 76.0 (95.0) | 57.0 (95.0) | 70.0 (100.0) | 54.0 (90.0) | 57.0 | 90.0 | 95.0 |"
+        in md
+    )
+
+
+def test_recovery_table_metric_choice_missing_tasks_and_mismatched_items():
+    rows = [_row("arc_challenge", "full", 0.40), _row("arc_challenge", "swa:64:4", 0.30)]
+    rows += [_row("piqa", "full", 0.70), _row("piqa", "swa:64:4", 0.35, n=50)]  # other items: not compared
+    rows += [_row("hellaswag", "full", 0.5, suite="niah")]  # another suite's rows are ignored
+    md, data = lmeval.recovery_table(rows, metrics={"arc_challenge": "acc"})
+    s = data["models"]["m"]["methods"]["swa:64:4"]
+    assert math.isclose(s["recovery"]["arc_challenge"], 75.0)  # acc = value / 2 on both sides
+    assert s["scores"]["piqa"] is None and s["mmlu_recovery"] is None
+    assert data["models"]["m"]["tasks"] == ["arc_challenge", "piqa"]
+    assert "(1 tasks)" in md
+    assert lmeval.report_section([]) is None
+    assert lmeval.report_section(rows).startswith("## Short-context tasks")
+
+
+# ---------------------------------------------------------------------------- the real model
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not smollm2_available(), reason="SmolLM2 wheel not installed")
+def test_smollm2_limit20_through_cli(tmp_path, capsys):
+    import argparse
+
+    data = write_fixtures(tmp_path / "data", n=24)
+    parser = argparse.ArgumentParser()
+    lmeval.register_lmeval_subcommand(parser.add_subparsers())
+    out = tmp_path / "run"
+    args = parser.parse_args(
+        [
+            "lm-eval",
+            "--model",
+            "smollm2-135m",
+            "--method",
+            "swa:64:4",
+            "--data-dir",
+            str(data),
+            "--limit",
+            "20",
+            "--out",
+            str(out),
+            "--batch-size",
+            "16",
+        ]
+    )
+    assert args.func(args) == 0
+    rows = lmeval.read_rows(out)
+    assert len(rows) == 12 and all(r["model"] == "smollm2-135m" for r in rows)
+    by = {(r["task"], r["method"]): r for r in rows}
+    assert by[("arc_easy", "full")]["n"] == 20 and by[("mmlu", "full")]["n"] == 57  # one item per subject
+    # Every 0-shot fixture prompt fits in 64 tokens, where SWA(64, 4) is exactly full attention.
+    for task in ("arc_easy", "arc_challenge", "piqa", "winogrande", "hellaswag"):
+        assert by[(task, "swa:64:4")]["metrics"] == by[(task, "full")]["metrics"]
+    # SmolLM2 answers the easy fixture questions well above chance (25%): the scoring is wired right.
+    assert by[("arc_easy", "full")]["metrics"]["acc"] >= 0.5
+    _, data_ = lmeval.recovery_table(rows)
+    assert data_["models"]["smollm2-135m"]["methods"]["full"]["average_recovery"] == 100.0
+    assert "MMLU recovery" in capsys.readouterr().out

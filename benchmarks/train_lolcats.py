@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=None, help="training time this session (resumable)")
     p.add_argument("--skip-train", action="store_true")
     p.add_argument(
-        "--compare", nargs="+", default=["full", "swa:64:4"], help="methods beside the trained one"
+        "--compare", nargs="*", default=["full", "swa:64:4"], help="methods beside the trained one"
     )
     p.add_argument(
         "--extra-checkpoint", action="append", default=[], help="METHOD=PATH, e.g. linear=runs/linear"
@@ -100,9 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tasks",
         nargs="+",
-        default=["ppl", "niah_single_1", "niah_single_2", "niah_single_3", "babilong_qa1", "babilong_qa2"],
+        default=[
+            "ppl",
+            "niah_single_1",
+            "niah_single_2",
+            "niah_single_3",
+            *(f"babilong_qa{i}" for i in range(1, 6)),
+        ],
     )
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
+    p.add_argument("--babilong-lengths", type=int, nargs="+", default=[0, 1024, 2048])
+    p.add_argument("--niah-max-new-tokens", type=int, default=None, help="default: the answer's length + 16")
     p.add_argument("--ppl-lengths", type=int, nargs="+", default=[2048])
     p.add_argument("--samples", type=int, default=2)
     p.add_argument("--ppl-windows", type=int, default=4)

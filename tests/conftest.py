@@ -46,7 +46,11 @@ def tiny_config(family: str):
         return tf.Phi3Config(**_common(num_key_value_heads=2, original_max_position_embeddings=1024))
     if family == "gemma3_text":
         return tf.Gemma3TextConfig(
-            **_common(head_dim=8, sliding_window=12, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+            **_common(
+                head_dim=8,
+                sliding_window=12,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            )
         )
     raise ValueError(family)
 

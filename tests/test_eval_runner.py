@@ -24,15 +24,32 @@ def tiny_pair():
 
     tok = make_byte_bpe()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     return LlamaForCausalLM(cfg).eval(), tok
 
 
 def _config(**kw):
-    base = dict(model="tiny", methods=["full", "swa:16:4"], tasks=["ppl", "niah_single_1", "babilong_qa1"],
-                lengths=[512], babilong_lengths=[0, 512], ppl_lengths=[256], samples=2, ppl_windows=2,
-                niah_max_new_tokens=4, chunk_size=64, babilong_chat=False)
+    base = dict(
+        model="tiny",
+        methods=["full", "swa:16:4"],
+        tasks=["ppl", "niah_single_1", "babilong_qa1"],
+        lengths=[512],
+        babilong_lengths=[0, 512],
+        ppl_lengths=[256],
+        samples=2,
+        ppl_windows=2,
+        niah_max_new_tokens=4,
+        chunk_size=64,
+        babilong_chat=False,
+    )
     base.update(kw)
     return EvalConfig(**base)
 
@@ -81,22 +98,24 @@ def test_kill_midway_and_resume_loses_nothing(tiny_pair, tmp_path):
         import os, torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from sinkwindow.eval.runner import EvalConfig, run_eval
-        m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'model')!r}).eval()
-        t = AutoTokenizer.from_pretrained({str(tmp_path / 'model')!r})
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path / "model")!r}).eval()
+        t = AutoTokenizer.from_pretrained({str(tmp_path / "model")!r})
         n = []
         def crash(row):
             n.append(row)
             if len(n) == 3:
                 os._exit(17)
         cfg = EvalConfig(**{_config().to_dict()!r})
-        run_eval(cfg, {str(tmp_path / 'run')!r}, model_and_tokenizer=(m, t), progress=False, on_row=crash)
+        run_eval(cfg, {str(tmp_path / "run")!r}, model_and_tokenizer=(m, t), progress=False, on_row=crash)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 17, proc.stderr[-2000:]
     before = ResultsStore(tmp_path / "run").rows()
     assert len(before) == 3
     redone = []
-    store = run_eval(_config(), tmp_path / "run", model_and_tokenizer=tiny_pair, progress=False, on_row=redone.append)
+    store = run_eval(
+        _config(), tmp_path / "run", model_and_tokenizer=tiny_pair, progress=False, on_row=redone.append
+    )
     assert len(redone) == plan_size(_config()) - 3
     keys = [(r["task"], r["method"], r["length"], r["index"]) for r in store.rows()]
     assert len(keys) == len(set(keys)) == plan_size(_config())
@@ -107,13 +126,36 @@ def test_report_numbers_come_from_the_rows(tmp_path):
     rows = []
     for method, scores in (("full", [100, 100, 100, 0]), ("swa:64:4", [100, 0, 0, 0])):
         for i, s in enumerate(scores):
-            rows.append(dict(model="m", task="niah_single_2", method=method, length=512 * (1 + i // 2), seed=0,
-                             index=i % 2, score=float(s), depth=10.0 * i))
+            rows.append(
+                dict(
+                    model="m",
+                    task="niah_single_2",
+                    method=method,
+                    length=512 * (1 + i // 2),
+                    seed=0,
+                    index=i % 2,
+                    score=float(s),
+                    depth=10.0 * i,
+                )
+            )
         for q, s in (("babilong_qa1", 100.0), ("babilong_qa2", 0.0)):
             rows.append(dict(model="m", task=q, method=method, length=0, seed=0, index=0, score=s))
-        rows.append(dict(model="m", task="ppl", method=method, length=256, seed=0, index=0, nll_sum=255 * 2.0,
-                         n_tokens=255, bucket_size=128, bucket_nll_sum=[127 * 1.0, 128 * 3.0],
-                         bucket_count=[127, 128], score=math.exp(2.0)))
+        rows.append(
+            dict(
+                model="m",
+                task="ppl",
+                method=method,
+                length=256,
+                seed=0,
+                index=0,
+                nll_sum=255 * 2.0,
+                n_tokens=255,
+                bucket_size=128,
+                bucket_nll_sum=[127 * 1.0, 128 * 3.0],
+                bucket_count=[127, 128],
+                score=math.exp(2.0),
+            )
+        )
     s = summarize(rows)
     acc = s["accuracy"]["niah_single_2"]
     assert acc["full"][512] == {"mean": 100.0, "n": 2} and acc["full"][1024] == {"mean": 50.0, "n": 2}

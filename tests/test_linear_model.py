@@ -203,3 +203,16 @@ def test_padded_batches_are_refused():
 def test_load_linear_needs_a_checkpoint():
     with pytest.raises(ValueError, match="sinkwindow train"):
         load_linear(tiny_model("llama"), f"lolcats:{W}", None)
+
+
+def test_apply_refuses_a_converted_model():
+    import sinkwindow
+    from sinkwindow.linear import convert, revert
+
+    model = tiny_model("llama")
+    convert(model, "lolcats:8")
+    with pytest.raises(ValueError, match="revert"):
+        sinkwindow.apply(model, "swa:8:2")
+    revert(model)
+    sinkwindow.apply(model, "swa:8:2")
+    assert sinkwindow.active_spec(model).kind == "swa"

@@ -272,6 +272,20 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     assert train_baseline(again, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", **kwargs)["finished"]
     with torch.no_grad():
         assert torch.equal(again(ids, use_cache=False).logits, want)
+    # A larger stage-2 budget continues stage 2 from its last step; stage 1 stays as it was.
+    longer = train_baseline(
+        tiny_model("llama"),
+        CharTokenizer(),
+        f"lolcats:{W}",
+        tmp_path / "run",
+        **{**kwargs, "finetune_tokens": 4 * 2 * 32},
+    )
+    assert longer["stages"]["transfer"] == summary["stages"]["transfer"]
+    assert longer["stages"]["finetune"]["steps"] == 4
+    log = [
+        json.loads(line) for line in (tmp_path / "run" / "finetune" / "log.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,9 @@ def test_full_and_wide_window_reproduce_unpatched(family, attn):
         sinkwindow.apply(model, spec, native_sliding=mode)
         torch.testing.assert_close(model(ids).logits, base, atol=1e-5, rtol=1e-5)
     sinkwindow.apply(model, "full")
-    assert type(model).__name__ == type(model).__mro__[0].__name__ and "SinkWindow" not in type(model).__name__
+    assert (
+        type(model).__name__ == type(model).__mro__[0].__name__ and "SinkWindow" not in type(model).__name__
+    )
     assert model.config._attn_implementation == attn
     torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
 

@@ -49,8 +49,25 @@ def test_eval_cli_end_to_end_tiny(smollm2, tmp_path):
     from sinkwindow.cli import main
 
     out = tmp_path / "run"
-    rc = main(["eval", "niah", "--tasks", "niah_single_2", "--lengths", "512", "--samples", "1",
-               "--methods", "full,swa:64:4", "--niah-max-new-tokens", "0", "--no-progress", "--out", str(out)])
+    rc = main(
+        [
+            "eval",
+            "niah",
+            "--tasks",
+            "niah_single_2",
+            "--lengths",
+            "512",
+            "--samples",
+            "1",
+            "--methods",
+            "full,swa:64:4",
+            "--niah-max-new-tokens",
+            "0",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["method"], r["task"], r["length"]) for r in rows] == [

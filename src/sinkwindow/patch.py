@@ -191,6 +191,12 @@ def apply(
         raise ValueError(f"native_sliding must be one of {NATIVE_SLIDING_POLICIES}, got {native_sliding!r}")
     check_supported(model)
     state = getattr(model, _STATE_ATTR, None)
+    if getattr(model, "_sinkwindow_linear", None) is not None:
+        # A converted model's attention is the linear baseline's; patching on top would mix both.
+        raise ValueError(
+            "this model is converted to a linear-attention baseline: call sinkwindow.linear.revert(model) "
+            "before applying another method"
+        )
 
     if spec.is_full:
         if state:

@@ -60,15 +60,32 @@ def _checkpoints(pairs: list[str] | None) -> dict[str, str]:
 
 
 def _add_common(p: argparse.ArgumentParser, methods_default: str) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="packaged name, hub id, folder or .gguf (default: %(default)s)")
-    p.add_argument("--method", "--methods", dest="methods", default=methods_default,
-                   help="comma-separated methods (default: %(default)s)")
-    p.add_argument("--checkpoint", action="append", metavar="METHOD=PATH",
-                   help="trained checkpoint of a linear baseline, e.g. lolcats:64=runs/train/best (repeatable)")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
+    )
+    p.add_argument(
+        "--method",
+        "--methods",
+        dest="methods",
+        default=methods_default,
+        help="comma-separated methods (default: %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        metavar="METHOD=PATH",
+        help="trained checkpoint of a linear baseline, e.g. lolcats:64=runs/train/best (repeatable)",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk (default: %(default)s)")
-    p.add_argument("--native-sliding", choices=["override", "keep"], default="override",
-                   help="SWA on models with native sliding layers: every layer, or global layers only")
+    p.add_argument(
+        "--native-sliding",
+        choices=["override", "keep"],
+        default="override",
+        help="SWA on models with native sliding layers: every layer, or global layers only",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -180,10 +197,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     ):
         q = fam.add_parser(family, help=helptext)
         _add_common(q, "full,swa:64:4")
-        q.add_argument("--tasks", default=None, help="subset, e.g. niah_single_3 or babilong_qa1,babilong_qa2")
-        q.add_argument("--lengths", default=lengths, help="token budgets, e.g. 512,1k,2k (default: %(default)s)")
+        q.add_argument(
+            "--tasks", default=None, help="subset, e.g. niah_single_3 or babilong_qa1,babilong_qa2"
+        )
+        q.add_argument(
+            "--lengths", default=lengths, help="token budgets, e.g. 512,1k,2k (default: %(default)s)"
+        )
         q.add_argument("--samples", type=int, default=10, help="samples per task and length (ppl: windows)")
-        q.add_argument("--niah-max-new-tokens", type=int, default=128, help="NIAH decode cap; 0 = answer length + 16")
+        q.add_argument(
+            "--niah-max-new-tokens", type=int, default=128, help="NIAH decode cap; 0 = answer length + 16"
+        )
         q.add_argument("--out", required=True, help="run folder (resumes if it exists)")
         q.set_defaults(func=_cmd_eval, family=family)
     try:
@@ -193,17 +216,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     else:
         register_lmeval_subcommand(fam)
 
-    p = sub.add_parser("compare", help="the main job: full vs SWA (and trained baselines) on every task, with a report")
+    p = sub.add_parser(
+        "compare", help="the main job: full vs SWA (and trained baselines) on every task, with a report"
+    )
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small sample counts, <= 20 min on 2 CPU cores (default)")
+    size.add_argument(
+        "--quick", action="store_true", help="small sample counts, <= 20 min on 2 CPU cores (default)"
+    )
     size.add_argument("--full", action="store_true", help="paper-like sizes (hours on CPU)")
     _add_common(p, ",".join(DEFAULT_METHODS))
     p.add_argument("--samples", type=int, default=None, help="override samples per task and length")
-    p.add_argument("--short-data", default=None, help="folder with the six short tasks' JSONL (adds an lm-eval section)")
+    p.add_argument(
+        "--short-data", default=None, help="folder with the six short tasks' JSONL (adds an lm-eval section)"
+    )
     p.add_argument("--short-limit", type=int, default=100, help="items per short task (default: %(default)s)")
-    p.add_argument("--out", default="runs/compare", help="run folder (default: %(default)s; resumes if it exists)")
+    p.add_argument(
+        "--out", default="runs/compare", help="run folder (default: %(default)s; resumes if it exists)"
+    )
     p.set_defaults(func=_cmd_compare)
 
-    p = sub.add_parser("report", help="rebuild report.md/html and plots of a run folder from its results.jsonl")
+    p = sub.add_parser(
+        "report", help="rebuild report.md/html and plots of a run folder from its results.jsonl"
+    )
     p.add_argument("run_dir")
     p.set_defaults(func=_cmd_report)

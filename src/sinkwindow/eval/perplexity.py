@@ -116,7 +116,9 @@ def essay_token_windows(tokenizer, context: int, count: int, text: str | None = 
             break
         windows.append(torch.tensor([bos + chunk]))
     if len(windows) < count:
-        raise ValueError(f"essay text holds only {len(windows)} windows of {context} tokens; asked for {count}")
+        raise ValueError(
+            f"essay text holds only {len(windows)} windows of {context} tokens; asked for {count}"
+        )
     return windows
 
 

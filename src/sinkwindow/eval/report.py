@@ -93,15 +93,21 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {"accuracy": {}, "ppl": {}, "ppl_buckets": {}, "niah_depth": {}}
     for family, by_method in acc.items():
         out["accuracy"][family] = {
-            m: {L: {"mean": _mean(v), "n": len(v)} for L, v in sorted(by_len.items())} for m, by_len in by_method.items()
+            m: {L: {"mean": _mean(v), "n": len(v)} for L, v in sorted(by_len.items())}
+            for m, by_len in by_method.items()
         }
     for m, by_len in ppl.items():
         out["ppl"][m] = {
-            L: {"ppl": math.exp(p["nll"] / p["n"]) if p["n"] else float("nan"), "n_tokens": p["n"], "windows": p["windows"]}
+            L: {
+                "ppl": math.exp(p["nll"] / p["n"]) if p["n"] else float("nan"),
+                "n_tokens": p["n"],
+                "windows": p["windows"],
+            }
             for L, p in sorted(by_len.items())
         }
         out["ppl_buckets"][m] = {
-            L: {start: math.exp(s / c) for start, (s, c) in sorted(b.items()) if c} for L, b in buckets[m].items()
+            L: {start: math.exp(s / c) for start, (s, c) in sorted(b.items()) if c}
+            for L, b in buckets[m].items()
         }
     for m, cells in depth.items():
         out["niah_depth"][m] = {f"{L}|{d}": _mean(v) for (L, d), v in cells.items()}
@@ -129,8 +135,14 @@ def _accuracy_table(family: str, data: dict) -> str:
             cells.append(f"{_fmt(c['mean'])} <sub>n={c['n']}</sub>")
             means.append(c["mean"])
         avg = _mean(means) if len(means) == len(lengths) else float("nan")
-        full_avg = _mean([full[L]["mean"] for L in lengths if L in full]) if len(full) >= len(lengths) else float("nan")
-        rec = 100.0 * avg / full_avg if full_avg and not math.isnan(full_avg) and full_avg > 0 else float("nan")
+        full_avg = (
+            _mean([full[L]["mean"] for L in lengths if L in full])
+            if len(full) >= len(lengths)
+            else float("nan")
+        )
+        rec = (
+            100.0 * avg / full_avg if full_avg and not math.isnan(full_avg) and full_avg > 0 else float("nan")
+        )
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {_fmt(avg)} | {_fmt(rec)}% |")
     return "\n".join(lines)
 
@@ -144,11 +156,15 @@ def _len_label(L: int) -> str:
 def _ppl_table(ppl: dict) -> str:
     methods = _order_methods(ppl)
     lengths = sorted({L for m in methods for L in ppl[m]})
-    lines = ["| method | " + " | ".join(f"ppl @ {_len_label(L)}" for L in lengths) + " | × full |", "|---" * (len(lengths) + 2) + "|"]
+    lines = [
+        "| method | " + " | ".join(f"ppl @ {_len_label(L)}" for L in lengths) + " | × full |",
+        "|---" * (len(lengths) + 2) + "|",
+    ]
     full = ppl.get("full", {})
     for m in methods:
         cells = [
-            f"{_fmt(ppl[m][L]['ppl'], 2)} <sub>{ppl[m][L]['n_tokens']} tok</sub>" if L in ppl[m] else "–" for L in lengths
+            f"{_fmt(ppl[m][L]['ppl'], 2)} <sub>{ppl[m][L]['n_tokens']} tok</sub>" if L in ppl[m] else "–"
+            for L in lengths
         ]
         ratio = [ppl[m][L]["ppl"] / full[L]["ppl"] for L in lengths if L in ppl[m] and L in full]
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {_fmt(_mean(ratio), 2)} |")
@@ -160,7 +176,11 @@ def _summary_table(s: dict) -> str:
     acc = s["accuracy"]
     methods = _order_methods(set(s["ppl"]) | {m for fam in acc.values() for m in fam})
     fams = [f for f in ("niah_single_1", "niah_single_2", "niah_single_3", "babilong") if f in acc]
-    head = "| method | " + " | ".join(["perplexity"] * bool(s["ppl"]) + [TASK_TITLES[f].split(" (")[0] for f in fams]) + " |"
+    head = (
+        "| method | "
+        + " | ".join(["perplexity"] * bool(s["ppl"]) + [TASK_TITLES[f].split(" (")[0] for f in fams])
+        + " |"
+    )
     lines = [head, "|---" * (1 + bool(s["ppl"]) + len(fams)) + "|"]
     full_means = {f: _mean([c["mean"] for c in acc[f].get("full", {}).values()]) for f in fams}
     for m in methods:
@@ -229,14 +249,18 @@ def _plots(s: dict, out: Path) -> list[tuple[str, str]]:
                 grid[b][j] = _mean(v)
             im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto", origin="lower")
             ax.set_xticks(range(len(lengths)), [_len_label(L) for L in lengths])
-            ax.set_yticks(range(len(bins) - 1), [f"{bins[i]}–{min(bins[i + 1], 100)}%" for i in range(len(bins) - 1)])
+            ax.set_yticks(
+                range(len(bins) - 1), [f"{bins[i]}–{min(bins[i + 1], 100)}%" for i in range(len(bins) - 1)]
+            )
             ax.set_title(m, fontsize=10)
             ax.set_xlabel("context")
         axes[0][0].set_ylabel("needle depth")
         fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="S-NIAH accuracy (%)")
         fig.savefig(out / "niah_depth_heatmap.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
-        made.append(("S-NIAH accuracy by needle depth and context (all three tasks)", "niah_depth_heatmap.png"))
+        made.append(
+            ("S-NIAH accuracy by needle depth and context (all three tasks)", "niah_depth_heatmap.png")
+        )
 
     if s["ppl_buckets"]:
         L = max(L for m in s["ppl_buckets"].values() for L in m)
@@ -254,14 +278,23 @@ def _plots(s: dict, out: Path) -> list[tuple[str, str]]:
         fig.tight_layout()
         fig.savefig(out / "ppl_by_position.png", dpi=110)
         plt.close(fig)
-        made.append(("Perplexity by position: the sink collapse shows where SWA without sinks loses its first tokens", "ppl_by_position.png"))
+        made.append(
+            (
+                "Perplexity by position: the sink collapse shows where SWA without sinks loses its first tokens",
+                "ppl_by_position.png",
+            )
+        )
     return made
 
 
-def markdown_report(s: dict, config: dict | None, plots: list[tuple[str, str]], extra_sections: list[str] = ()) -> str:
+def markdown_report(
+    s: dict, config: dict | None, plots: list[tuple[str, str]], extra_sections: list[str] = ()
+) -> str:
     cfg = config or {}
     lines = [f"# sinkwindow report: {cfg.get('model', '?')}", ""]
-    methods = cfg.get("methods") or _order_methods(set(s["ppl"]) | {m for f in s["accuracy"].values() for m in f})
+    methods = cfg.get("methods") or _order_methods(
+        set(s["ppl"]) | {m for f in s["accuracy"].values() for m in f}
+    )
     lines += [
         f"Methods: {', '.join(f'`{m}`' for m in methods)}. Seed {cfg.get('seed', '?')}; "
         f"{cfg.get('samples', '?')} samples per task and length; scores are % correct (0/100 per sample, RULER "
@@ -285,19 +318,36 @@ def markdown_report(s: dict, config: dict | None, plots: list[tuple[str, str]], 
             lines += [f"## {TASK_TITLES[family]}", "", _accuracy_table(family, s["accuracy"][family]), ""]
     lines += [f"![{t}]({f})" for t, f in plots if f.startswith("niah")] + [""]
     if "babilong" in s["accuracy"]:
-        lines += [f"## {TASK_TITLES['babilong']}", "", _accuracy_table("babilong", s["accuracy"]["babilong"]), ""]
+        lines += [
+            f"## {TASK_TITLES['babilong']}",
+            "",
+            _accuracy_table("babilong", s["accuracy"]["babilong"]),
+            "",
+        ]
         per_task = [t for t in BABILONG_TASKS if t in s["accuracy"]]
         for t in per_task:
-            lines += [f"<details><summary>{t.replace('babilong_', 'BABILong ').upper()}</summary>", "",
-                      _accuracy_table(t, s["accuracy"][t]), "", "</details>", ""]
+            lines += [
+                f"<details><summary>{t.replace('babilong_', 'BABILong ').upper()}</summary>",
+                "",
+                _accuracy_table(t, s["accuracy"][t]),
+                "",
+                "</details>",
+                "",
+            ]
     lines += list(extra_sections)
     lines += ["## For orientation: the paper's numbers (Llama-3.1-8B, window 256)", ""]
     for fam, rows in PAPER_REFERENCE.items():
         name = TASK_TITLES.get(fam, fam)
         lengths = sorted(next(iter(rows.values())))
-        lines += [f"**{name}**", "", "| method | " + " | ".join(_len_label(L) for L in lengths) + " |",
-                  "|---" * (len(lengths) + 1) + "|"]
-        lines += [f"| {m} | " + " | ".join(_fmt(float(v[L])) for L in lengths) + " |" for m, v in rows.items()]
+        lines += [
+            f"**{name}**",
+            "",
+            "| method | " + " | ".join(_len_label(L) for L in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
+        lines += [
+            f"| {m} | " + " | ".join(_fmt(float(v[L])) for L in lengths) + " |" for m, v in rows.items()
+        ]
         lines.append("")
     devs = cfg.get("deviations") or []
     if devs:
@@ -314,9 +364,13 @@ def _md_to_html(md: str) -> str:
 
     def flush():
         if table:
-            rows = [r.strip().strip("|").split("|") for r in table if not set(r.replace("|", "").strip()) <= {"-"}]
+            rows = [
+                r.strip().strip("|").split("|") for r in table if not set(r.replace("|", "").strip()) <= {"-"}
+            ]
             head, body = rows[0], rows[1:]
-            out.append("<table><thead><tr>" + "".join(f"<th>{c.strip()}</th>" for c in head) + "</tr></thead><tbody>")
+            out.append(
+                "<table><thead><tr>" + "".join(f"<th>{c.strip()}</th>" for c in head) + "</tr></thead><tbody>"
+            )
             out.extend("<tr>" + "".join(f"<td>{c.strip()}</td>" for c in r) + "</tr>" for r in body)
             out.append("</tbody></table>")
             table.clear()
@@ -331,7 +385,9 @@ def _md_to_html(md: str) -> str:
             out.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
         elif line.startswith("!["):
             alt, src = line[2:].split("](", 1)
-            out.append(f'<figure><img src="{src.rstrip(")")}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>')
+            out.append(
+                f'<figure><img src="{src.rstrip(")")}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
+            )
         elif line.startswith("- "):
             out.append(f"<li>{html.escape(line[2:])}</li>")
         elif line.startswith("<"):
@@ -347,7 +403,11 @@ def _md_to_html(md: str) -> str:
         "td:first-child,th:first-child{text-align:left;font-family:monospace}th{background:#f3f3f3}"
         "img{max-width:100%}figcaption{color:#666;font-size:90%}sub{color:#888}"
     )
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>sinkwindow report</title><style>{style}</style></head><body>\n" + "\n".join(out) + "\n</body></html>\n"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>sinkwindow report</title><style>{style}</style></head><body>\n"
+        + "\n".join(out)
+        + "\n</body></html>\n"
+    )
 
 
 def write_report(run_dir: str | Path, extra_sections: list[str] = ()) -> Path:

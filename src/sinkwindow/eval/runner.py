@@ -88,7 +88,9 @@ class EvalConfig:
 
 
 @torch.no_grad()
-def greedy_generate(model, input_ids: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int], chunk_size: int) -> list[int]:
+def greedy_generate(
+    model, input_ids: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int], chunk_size: int
+) -> list[int]:
     """Greedy continuation of ``input_ids`` ``[1, n]`` through the method's cache.
 
     The prompt goes through chunked prefill (O(n·w) for SWA), then tokens are decoded one by one;
@@ -153,7 +155,9 @@ def _build_samples(task: str, tokenizer, length: int, config: EvalConfig):
     if task in BABILONG_TASKS:
         from .babilong import generate_babilong
 
-        return generate_babilong(task.removeprefix("babilong_"), tokenizer, length, config.samples, seed=config.seed)
+        return generate_babilong(
+            task.removeprefix("babilong_"), tokenizer, length, config.samples, seed=config.seed
+        )
     raise ValueError(task)
 
 
@@ -199,7 +203,9 @@ def run_eval(
     Returns:
         The results store (``store.rows()`` holds every finished sample, old and new).
     """
-    store = ResultsStore(out_dir, {"kind": "long-context", **config.to_dict(), "deviations": _deviations(config)})
+    store = ResultsStore(
+        out_dir, {"kind": "long-context", **config.to_dict(), "deviations": _deviations(config)}
+    )
     model, tokenizer = model_and_tokenizer or load(config.model)
     switch = _MethodSwitch(model, config)
     eos = _eos_ids(tokenizer, model)
@@ -217,7 +223,13 @@ def run_eval(
             for task in config.tasks:
                 for length in _task_lengths(task, config):
                     n = config.ppl_windows if task == "ppl" else config.samples
-                    base = {"model": config.model, "task": task, "method": method, "length": length, "seed": config.seed}
+                    base = {
+                        "model": config.model,
+                        "task": task,
+                        "method": method,
+                        "length": length,
+                        "seed": config.seed,
+                    }
                     todo = [i for i in range(n) if not store.has({**base, "index": i})]
                     if bar is not None:
                         bar.update(n - len(todo))
@@ -317,7 +329,9 @@ def _deviations(config: EvalConfig) -> list[str]:
             out.extend(f"BABILong: {d}" for d in DEVIATIONS)
         except ImportError:
             pass
-        out.append("BABILong facts come from sinkwindow's seeded bAbI generator (tasks 1-5), not the released test set")
+        out.append(
+            "BABILong facts come from sinkwindow's seeded bAbI generator (tasks 1-5), not the released test set"
+        )
     if any(t in NIAH_TASKS for t in config.tasks):
         try:
             from .niah import DEVIATIONS as NIAH_DEV

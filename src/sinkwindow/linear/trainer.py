@@ -161,10 +161,14 @@ def run_stage(
 
     if resume and done_path.exists():
         result = StageResult(**json.loads(done_path.read_text()))
-        best = out / "best.safetensors"
-        load_checkpoint(model, best if best.exists() else out / "last.safetensors")
-        logger.info("%s already done (%d steps); loaded its best checkpoint", cfg.stage, result.steps)
-        return result
+        if result.steps >= steps_total:
+            best = out / "best.safetensors"
+            load_checkpoint(model, best if best.exists() else out / "last.safetensors")
+            logger.info("%s already done (%d steps); loaded its best checkpoint", cfg.stage, result.steps)
+            return result
+        # A larger budget than last time: carry on from the last step (``trainer.pt``).
+        logger.info("extending %s from %d to %d steps", cfg.stage, result.steps, steps_total)
+        done_path.unlink()
 
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -186,7 +190,9 @@ def run_stage(
         torch.set_rng_state(st["rng"])
         logger.info("resuming %s at step %d/%d", cfg.stage, step, steps_total)
     else:
-        (out / "log.jsonl").unlink(missing_ok=True)
+        # A fresh start: nothing of an earlier run in this folder may be mistaken for this one.
+        for name in ("log.jsonl", "done.json", "trainer.pt", "last.safetensors", "best.safetensors"):
+            (out / name).unlink(missing_ok=True)
 
     t0 = time.perf_counter()
 
@@ -393,9 +399,13 @@ def train_baseline(
     def step1(m, x, y, scale=1.0, backward=True):
         return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
 
+    done1 = out / "transfer" / "done.json"
+    steps_before = json.loads(done1.read_text())["steps"] if resume and done1.exists() else None
     r1 = run_stage(model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress)
     summary["stages"]["transfer"] = asdict(r1)
     finished = r1.finished
+    # Stage 2 was trained on top of the old stage-1 maps; after extending stage 1 it starts over.
+    resume2 = resume and (steps_before is None or steps_before == r1.steps)
     if finished and finetune_tokens > 0:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -412,7 +422,7 @@ def train_baseline(
             s2,
             out / "finetune",
             meta,
-            resume=resume,
+            resume=resume2,
             progress=progress,
         )
         summary["stages"]["finetune"] = asdict(r2)

@@ -311,9 +311,10 @@ def test_run_bench_writes_rows_report_and_skips(tmp_path):
     assert "budget" in cells[("synthetic", "decode", "full", 40)]["reason"]
     assert cells[("synthetic", "decode", "swa:16:4", 40)]["status"] == "ok"
     assert cells[("synthetic", "prefill", "swa:16:4", 32)]["status"] == "ok"
-    paired = cells[("synthetic", "overhead", "swa:16:4", 8)]  # n <= w: patched vs unpatched, alternating
-    assert paired["baseline"] == "full" and paired["overhead_ratio"] > 0 and paired["steps"] == 2
-    assert ("synthetic", "overhead", "swa:16:4", 40) not in cells
+    paired = cells[("synthetic", "paired", "swa:16:4", 8)]  # n <= w: patched vs unpatched, alternating
+    assert paired["baseline"] == "full" and paired["ratio"] > 0 and paired["steps"] == 2
+    assert paired["kv_bytes"] == paired["kv_bytes_baseline"]  # below the window both hold every key
+    assert ("synthetic", "paired", "swa:16:4", 40) not in cells
     assert all(
         r["status"] == "skipped" and "unavailable" in r["reason"]
         for r in rows
@@ -366,7 +367,7 @@ def test_check_targets_reads_ratios_from_rows():
              weight_bytes_per_token=540e6, bandwidth_gbps=18.0),
     ]  # fmt: skip
     got = {t["name"]: t for t in check_targets(rows)}
-    paired = _row("swa:64:4", 32, 12.0, kind="overhead", baseline="full", ms_per_token_baseline=10.0)
+    paired = _row("swa:64:4", 32, 12.0, kind="paired", baseline="full", ms_per_token_baseline=10.0)
     assert check_targets([*rows, paired])[4]["value"] == {"synthetic@32": 1.2}
     assert got["swa_decode_flat"]["ok"] and got["swa_decode_flat"]["value"] == 1.05
     assert got["swa_kv_constant"]["ok"]
@@ -379,6 +380,8 @@ def test_check_targets_reads_ratios_from_rows():
         "synthetic@32": 1.053
     }
     assert got["roofline"]["ok"]
+    alternating = _row("swa:64:4", 2048, 10.0, kind="paired", baseline="full", ms_per_token_baseline=13.0)
+    assert check_targets([*rows, alternating])[2]["value"] == {2048: 1.3, 4096: 1.5}  # paired cells win
     slower = [*rows, _row("swa:64:4", 8192, 20.0), _row("full", 8192, 15.0)]
     assert not {t["name"]: t for t in check_targets(slower)}["swa_faster_than_full"]["ok"]
 

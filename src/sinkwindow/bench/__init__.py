@@ -12,7 +12,7 @@ Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``
 ``cache_tensor_bytes`` / ``PeakMemory`` (memory), ``check_targets`` / ``write_report``.
 """
 
-from .decode import measure_decode, measure_decode_interleaved, measure_overhead
+from .decode import measure_decode, measure_decode_interleaved, measure_paired
 from .memory import PeakMemory, analytic_state_bytes, cache_lengths, cache_tensor_bytes
 from .methods import RUNNERS, MethodRunner, MethodUnavailable, runner_for
 from .prefill import measure_prefill, measure_prefill_interleaved
@@ -35,7 +35,7 @@ __all__ = [
     "runner_for",
     "measure_decode",
     "measure_decode_interleaved",
-    "measure_overhead",
+    "measure_paired",
     "measure_prefill",
     "measure_prefill_interleaved",
     "measure_bandwidth",

@@ -104,7 +104,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("auto", "float32", "bfloat16", "float16"),
         help="default: float32 on CPU, bfloat16 on CUDA",
     )
-    d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    d.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice); on a machine shared with other busy processes use 1: "
+        "OpenMP threads that wait for each other at every op made 2-thread decode ~3x slower here",
+    )
     d.add_argument(
         "--bandwidth-mib",
         type=int,
@@ -177,10 +183,10 @@ def _progress(row: dict) -> None:
             f"fill {row['fill']} {row['fill_s']:.1f}s{roof}",
             flush=True,
         )
-    elif row["kind"] == "overhead":
+    elif row["kind"] == "paired":
         print(
-            f"{where}  {row['ms_per_token']:8.2f} ms/tok patched vs {row['ms_per_token_baseline']:.2f} unpatched, "
-            f"alternating steps: ratio {row['overhead_ratio']:.3f}",
+            f"{where}  {row['ms_per_token']:8.2f} ms/tok vs {row['ms_per_token_baseline']:.2f} for {row['baseline']}, "
+            f"alternating steps: ratio {row['ratio']:.3f}",
             flush=True,
         )
     else:

@@ -12,8 +12,9 @@ min are recorded beside it. Memory: analytic bytes from the config, tensor bytes
 after the fill, and the peak RSS (CPU) or ``max_memory_allocated`` (CUDA) over fill + decode.
 
 Two drift-proof variants for a shared machine: ``measure_decode_interleaved`` times one method at
-many contexts round-robin (the flatness of bounded methods), and ``measure_overhead`` alternates
-the patched and the unpatched model step by step at one short context (what the patch costs).
+many contexts round-robin (the flatness of bounded methods), and ``measure_paired`` alternates
+two methods step by step at one context (what the patch costs; SWA against full attention where
+the two are close).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from .memory import PeakMemory, cache_lengths, cache_tensor_bytes
 from .methods import MethodRunner
 
-__all__ = ["measure_decode", "measure_decode_interleaved", "measure_overhead", "synchronize", "random_ids"]
+__all__ = ["measure_decode", "measure_decode_interleaved", "measure_paired", "synchronize", "random_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def _step(model, st: dict, device: torch.device) -> float:
 
 
 @torch.no_grad()
-def measure_overhead(
+def measure_paired(
     runner: MethodRunner,
     baseline: MethodRunner,
     context: int,
@@ -206,40 +207,44 @@ def measure_overhead(
     steps: int = 32,
     warmup: int = 4,
     chunk_size: int = 512,
+    real_prefill_max: int = 4096,
     seed: int = 0,
 ) -> dict:
-    """The patched model against the unpatched one at the same context, step by step.
+    """Two methods on one model at the same context, decoding alternately, step by step.
 
-    Both states are prefilled for real, then decode steps alternate between the two methods
-    (patch, step, unpatch, step; the order flips every pair), so a change in the load of a shared
-    machine hits both alike. ``overhead_ratio`` is the patched median step over the unpatched
-    median step (``overhead_ratio_paired``: the median of the per-pair ratios, noisier when
-    single steps are disturbed). At n <= w the two do the same attention, so this measures what
-    the patch costs (mask building, the bounded cache's bookkeeping).
+    Both states are built (a real prefill up to ``real_prefill_max``, else the runners' fills),
+    then decode steps alternate between the methods (patch, step, switch, step; the order flips
+    every pair), so a change in the load of a shared machine hits both alike. Used for what the
+    patch costs (SWA against the unpatched model at n <= w, where both do the same attention)
+    and for SWA's speedup over full attention where the two are close (a few thousand tokens).
+
+    ``ratio`` is the method's median step over the baseline's; ``ratio_paired`` the median of the
+    per-pair ratios (noisier when single steps are disturbed).
 
     Args:
-        runner: the patched method (e.g. SWA(w, s) with n <= w).
-        baseline: the unpatched model's runner (``full``) on the same model.
-        context, steps, warmup, chunk_size, seed: as in ``measure_decode``.
+        runner: the method (e.g. SWA(w, s)).
+        baseline: the reference on the same model (``full``: the unpatched model).
+        context, steps, warmup, chunk_size, real_prefill_max, seed: as in ``measure_decode``.
 
     Returns:
-        A row with ``kind == "overhead"``: ``ms_per_token`` (patched, median step),
-        ``ms_per_token_baseline``, their minima, ``overhead_ratio`` and ``overhead_ratio_paired``.
+        A row with ``kind == "paired"``: ``ms_per_token`` (the method's median step),
+        ``ms_per_token_baseline``, their minima, ``ratio``, ``ratio_paired`` and both cache sizes.
     """
     if runner.model is not baseline.model:
-        raise ValueError("measure_overhead compares two methods on one model")
+        raise ValueError("measure_paired compares two methods on one model")
     model = runner.model
     device = next(model.parameters()).device
     ids = random_ids(model.config.get_text_config(decoder=True).vocab_size, context, seed).to(device)
+    real = context <= real_prefill_max
     pair = (baseline, runner)
     state: dict[int, list] = {}
     times: dict[int, list[float]] = {0: [], 1: []}
     with PeakMemory(device) as mem:
         for i, r in enumerate(pair):
             with r:
-                logits, cache = r.prefill(ids, chunk_size)
+                logits, cache = r.prefill(ids, chunk_size) if real else r.fill(ids, chunk_size)
             state[i] = [logits.argmax(-1, keepdim=True), cache]
-        kv_bytes = cache_tensor_bytes(state[1][1])
+        kv_bytes = [cache_tensor_bytes(state[i][1]) for i in (0, 1)]
         for step in range(warmup + steps):
             for i in (0, 1) if step % 2 == 0 else (1, 0):
                 with pair[i]:
@@ -256,7 +261,7 @@ def measure_overhead(
     ratios = [p / b for p, b in zip(times[1], times[0])]
     median_ms = 1e3 * statistics.median(times[1])
     return {
-        "kind": "overhead",
+        "kind": "paired",
         "method": str(runner.spec),
         "baseline": str(baseline.spec),
         "context": context,
@@ -264,14 +269,17 @@ def measure_overhead(
         "reason": None,
         "steps": steps,
         "warmup": warmup,
+        "protocol": "alternating",
+        "fill": "prefill" if real else "fill",
         "ms_per_token": median_ms,
         "ms_per_token_min": 1e3 * min(times[1]),
         "ms_per_token_baseline": 1e3 * statistics.median(times[0]),
         "ms_per_token_baseline_min": 1e3 * min(times[0]),
-        "overhead_ratio": statistics.median(times[1]) / statistics.median(times[0]),
-        "overhead_ratio_paired": statistics.median(ratios),
+        "ratio": statistics.median(times[1]) / statistics.median(times[0]),
+        "ratio_paired": statistics.median(ratios),
         "tokens_per_s": 1e3 / median_ms,
-        "kv_bytes": kv_bytes,
+        "kv_bytes": kv_bytes[1],
+        "kv_bytes_baseline": kv_bytes[0],
         "kv_bytes_analytic": runner.analytic_bytes(context),
         "prefill_s": None,
         "peak_rss_bytes": mem.peak_rss,

@@ -7,8 +7,10 @@
    steps round-robin across contexts (``measure_decode_interleaved``), so its flatness is judged
    on times taken at the same moments; full attention one context at a time, ascending, under
    the caps;
-3. the patch's own cost: each windowed method against the unpatched model at contexts n <= w
-   (the smallest and largest in the grid), decode steps alternating between the two;
+3. paired cells, decode steps alternating between a windowed method and the unpatched model:
+   at n <= w (the smallest and largest such contexts in the grid: what the patch costs) and at
+   contexts in ``PAIRED_RANGE`` (where SWA's speedup over full attention is small enough for a
+   shared machine's load changes to blur separate measurements);
 4. prefill at every context of the prefill grid, method by method after one warm-up: chunked
    methods run all lengths side by side at the same pace (``measure_prefill_interleaved``),
    one-forward methods (full attention, evict's dense prompt) one length at a time.
@@ -40,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ..spec import parse_spec
-from .decode import measure_decode, measure_decode_interleaved, measure_overhead
+from .decode import measure_decode, measure_decode_interleaved, measure_paired
 from .memory import analytic_state_bytes, current_rss, kv_geometry
 from .methods import FullRunner, MethodRunner, MethodUnavailable, runner_for
 from .prefill import measure_prefill, measure_prefill_interleaved, warm_up_prefill
@@ -66,6 +68,9 @@ DEFAULT_CONTEXTS = (32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 655
 DEFAULT_PREFILL_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 DEFAULT_METHODS = ("full", "swa:64:4", "swa:512:4", "linear", "lolcats:64")
 DEFAULT_MODELS = (SYNTHETIC_NAME, "smollm2-135m")
+
+# Contexts (beyond the window) where SWA is also timed against full attention step by step.
+PAIRED_RANGE = (2048, 8192)
 
 # A grid that finishes in a few minutes on 2 CPU cores and still covers every target.
 QUICK = {
@@ -241,7 +246,7 @@ class _Caps:
         self.config = config
         self.model = model
         self.history: dict[tuple[str, str], list[tuple[int, float]]] = {}
-        self.stopped: dict[tuple[str, str], str] = {}
+        self.stopped: dict[tuple[str, str], tuple[int, str]] = {}
         self.budget: int | None = None
 
     def _budget_bytes(self) -> float:
@@ -249,23 +254,40 @@ class _Caps:
             self.budget = self.config.memory_budget_bytes()
         return self.budget
 
-    def _predict(self, key: tuple[str, str], n: int, floor: float, ceil: float) -> float | None:
+    def _predict(
+        self, key: tuple[str, str], n: int, floor: float, ceil: float, runner: MethodRunner
+    ) -> float | None:
+        """Seconds the cell at n should take, extrapolated from the method's previous cells."""
         past = self.history.get(key, [])
         if not past:
             return None
         n1, t1 = past[-1]
+        scale = max(n, n1) / n1
+        if key[0] == "decode":
+            # A decode step streams the weights and the cache, so its time scales at least like
+            # (weights + KV bytes at n) / (weights + KV bytes at n1); with two cells measured,
+            # also like their empirical growth (which catches allocator effects beyond bytes).
+            weights = weight_bytes_per_token(self.model)
+            kv1, kv = runner.analytic_bytes(n1), runner.analytic_bytes(max(n, n1))
+            predicted = t1 * (weights + kv) / (weights + kv1)
+            if len(past) >= 2:
+                n0, t0 = past[-2]
+                if n1 > n0 and t0 > 0 and t1 > 0:
+                    alpha = min(max(math.log(t1 / t0) / math.log(n1 / n0), floor), ceil)
+                    predicted = max(predicted, t1 * scale**alpha)
+            return predicted
         alpha = ceil
         if len(past) >= 2:
-            (n0, t0) = past[-2]
+            n0, t0 = past[-2]
             if n1 > n0 and t0 > 0 and t1 > 0:
                 alpha = math.log(t1 / t0) / math.log(n1 / n0)
         alpha = min(max(alpha, floor), ceil)
-        return t1 * (max(n, n1) / n1) ** alpha
+        return t1 * scale**alpha
 
     def check(self, kind: str, runner: MethodRunner, n: int) -> str | None:
         key = (kind, str(runner.spec))
-        if key in self.stopped:
-            return self.stopped[key]
+        if key in self.stopped and n >= self.stopped[key][0]:
+            return self.stopped[key][1]
         limit = _max_positions(self.model)
         extra = self.config.warmup + self.config.steps if kind == "decode" else 0
         if limit is not None and n + extra > limit:
@@ -284,15 +306,14 @@ class _Caps:
                     f"{fmt_bytes(self._budget_bytes())} (--mem-budget-gib)"
                 )
         if reason is None:
-            # Decode cost is at most linear in n for any method; prefill at most quadratic.
+            # Prefill grows between linearly and quadratically, a decode cell at most about linearly.
+            # A soft cap: a cell that still runs long stops the method's longer contexts.
             floor, ceil = (0.0, 1.0) if kind == "decode" else (1.0, 2.0)
-            if not runner.bounded and kind == "decode":
-                floor = 1.0
-            predicted = self._predict(key, n, floor, ceil)
+            predicted = self._predict(key, n, floor, ceil, runner)
             if predicted is not None and predicted > self.config.time_cap_s:
                 reason = f"predicted {predicted:.0f} s exceeds the time cap of {self.config.time_cap_s:g} s (--time-cap)"
-        if reason is not None:
-            self.stopped[key] = reason
+        if reason is not None and n < self.stopped.get(key, (n + 1, ""))[0]:
+            self.stopped[key] = (n, reason)
         return reason
 
     def record(self, kind: str, runner: MethodRunner, n: int, seconds: float) -> None:
@@ -443,19 +464,15 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
         if isinstance(runner, str) or runner.spec.kind not in ("swa", "evict"):
             continue
         short = [n for n in config.contexts if n <= runner.spec.window]
-        for n in sorted({short[0], short[-1]}) if short else ():
-            if caps.check("decode", runner, n) is not None:
+        close = [
+            n for n in config.contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > runner.spec.window
+        ]
+        for n in sorted({short[0], short[-1]} if short else set()) + close:
+            if caps.check("decode", baseline, n) is not None:
                 continue
-            row = measure_overhead(
-                runner,
-                baseline,
-                n,
-                steps=config.steps,
-                warmup=config.warmup,
-                chunk_size=config.chunk_size,
-                seed=config.seed,
-            )
+            row = measure_paired(runner, baseline, n, **decode_kw)
             emit(row, model_name)
+            gc.collect()
 
     for spec, runner in runners.items():
         if not config.prefill_contexts:

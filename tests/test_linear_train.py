@@ -312,7 +312,7 @@ def tiny_folder(tmp_path):
     return folder
 
 
-def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file):
+def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file, capsys):
     import sinkwindow
     from sinkwindow.cli import main
 
@@ -331,6 +331,9 @@ def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file):
         "1",
     ]
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    # Without bars, every validation still reports a line (a long run is never silent).
+    err = capsys.readouterr().err
+    assert "transfer step 2/2 (32 tokens): val" in err and "finetune step 4/4 (64 tokens): val" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stages"]["transfer"]["tokens"] == 32 and summary["stages"]["finetune"]["tokens"] == 64
     model, _ = sinkwindow.load(str(tiny_folder), method=f"lolcats:{W}", checkpoint=str(out))

@@ -13,6 +13,8 @@ import logging
 import sys
 import time
 
+from .models import add_model_argument
+
 __all__ = ["main", "build_parser"]
 
 # Subcommand providers: module path -> register(subparsers). Imported lazily, only to build --help.
@@ -24,11 +26,7 @@ _PROVIDERS = (
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
-    )
+    add_model_argument(p)
     p.add_argument(
         "--method",
         default="swa:64:4",

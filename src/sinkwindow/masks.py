@@ -213,6 +213,19 @@ def _as_int(x):
     return int(x.item()) if isinstance(x, torch.Tensor) else x
 
 
+def _route(config, local_size, q_offset, kv_offset) -> tuple[int, int, tuple[int | None, int] | None]:
+    """Shared by both builders: ``(q_offset, kv_offset, (window, sinks) or None)``.
+
+    ``None`` hands the call back to transformers' own builder (no plan, or a dense layer over a
+    plain cache); ``window=None`` is dense attention over a cache with a slot layout.
+    """
+    q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
+    choice = _plan_for_call(config, local_size, q_offset)
+    if choice is None or (choice == DENSE and getattr(kv_offset, "kv_pos", None) is None):
+        return q_offset, int(kv_offset), None
+    return q_offset, kv_offset, ((None, 0) if choice == DENSE else choice)
+
+
 def sinkwindow_sdpa_mask(
     batch_size: int,
     q_length: int,
@@ -227,25 +240,15 @@ def sinkwindow_sdpa_mask(
     **kwargs,
 ) -> torch.Tensor | None:
     """Mask builder registered with ``AttentionMaskInterface`` for ``sinkwindow_sdpa``: bool mask."""
-    q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
-    choice = _plan_for_call(config, local_size, q_offset)
-    if choice is None or (choice == DENSE and getattr(kv_offset, "kv_pos", None) is None):
-        kv_offset = int(kv_offset)
+    q_offset, kv_offset, window_sinks = _route(config, local_size, q_offset, kv_offset)
+    if window_sinks is None:
         return sdpa_mask(
-            batch_size=batch_size,
-            q_length=q_length,
-            kv_length=kv_length,
-            q_offset=q_offset,
-            kv_offset=kv_offset,
-            mask_function=mask_function,
-            attention_mask=attention_mask,
-            local_size=local_size,
-            device=device,
-            **kwargs,
-        )
-    window, sinks = (None, 0) if choice == DENSE else choice
+            batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+            kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+            local_size=local_size, device=device, **kwargs,
+        )  # fmt: skip
     return build_sink_window_mask(
-        batch_size, q_length, kv_length, q_offset, kv_offset, window, sinks, attention_mask, device
+        batch_size, q_length, kv_length, q_offset, kv_offset, *window_sinks, attention_mask, device
     )
 
 
@@ -267,26 +270,16 @@ def sinkwindow_eager_mask(
 
     Eager attention adds the mask to the scores, so a boolean mask would mask nothing (DESIGN §5).
     """
-    q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
-    choice = _plan_for_call(config, local_size, q_offset)
-    if choice is None or (choice == DENSE and getattr(kv_offset, "kv_pos", None) is None):
-        kv_offset = int(kv_offset)
+    q_offset, kv_offset, window_sinks = _route(config, local_size, q_offset, kv_offset)
+    if window_sinks is None:
         kwargs.pop("allow_is_causal_skip", None)
         return eager_mask(
-            batch_size=batch_size,
-            q_length=q_length,
-            kv_length=kv_length,
-            q_offset=q_offset,
-            kv_offset=kv_offset,
-            mask_function=mask_function,
-            attention_mask=attention_mask,
-            dtype=dtype,
-            device=device,
-            **kwargs,
-        )
-    window, sinks = (None, 0) if choice == DENSE else choice
+            batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+            kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+            dtype=dtype, device=device, **kwargs,
+        )  # fmt: skip
     mask = build_sink_window_mask(
-        batch_size, q_length, kv_length, q_offset, kv_offset, window, sinks, attention_mask, device
+        batch_size, q_length, kv_length, q_offset, kv_offset, *window_sinks, attention_mask, device
     )
     zero = torch.zeros((), device=mask.device, dtype=dtype)
     return torch.where(mask, zero, torch.finfo(dtype).min)

@@ -33,6 +33,7 @@ __all__ = [
     "resolve_gguf",
     "list_models",
     "cache_root",
+    "add_model_argument",
 ]
 
 logger = logging.getLogger(__name__)
@@ -284,3 +285,12 @@ def list_models() -> list[dict]:
             }
         )
     return rows
+
+
+def add_model_argument(parser) -> None:
+    """``--model`` as every ``sinkwindow`` subcommand spells it (default: :data:`DEFAULT_MODEL`)."""
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
+    )

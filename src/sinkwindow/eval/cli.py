@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from ..models import add_model_argument
+
 __all__ = ["register", "COMPARE_SIZES"]
 
 logger = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ def _checkpoints(pairs: list[str] | None) -> dict[str, str]:
     out = {}
     for p in pairs or []:
         if "=" not in p:
-            raise ValueError(f"--checkpoint takes METHOD=PATH (e.g. lolcats:64=runs/train/best), got {p!r}")
+            raise ValueError(f"--checkpoint takes METHOD=PATH (e.g. lolcats:64=runs/lolcats64), got {p!r}")
         m, path = p.split("=", 1)
         from ..spec import parse_spec
 
@@ -60,11 +62,7 @@ def _checkpoints(pairs: list[str] | None) -> dict[str, str]:
 
 
 def _add_common(p: argparse.ArgumentParser, methods_default: str) -> None:
-    p.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
-    )
+    add_model_argument(p)
     p.add_argument(
         "--method",
         "--methods",
@@ -76,7 +74,7 @@ def _add_common(p: argparse.ArgumentParser, methods_default: str) -> None:
         "--checkpoint",
         action="append",
         metavar="METHOD=PATH",
-        help="trained checkpoint of a linear baseline, e.g. lolcats:64=runs/train/best (repeatable)",
+        help="trained checkpoint of a linear baseline, e.g. lolcats:64=runs/lolcats64 (repeatable)",
     )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk (default: %(default)s)")

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..models import add_model_argument
 from .lmeval_tasks import TASKS_DIR
 from .lmeval_tasks import utils as _local
 
@@ -980,11 +981,7 @@ def register_lmeval_subcommand(eval_subparsers: argparse._SubParsersAction) -> a
             "OUT/results.jsonl; pairs already there are skipped."
         ),
     )
-    p.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
-    )
+    add_model_argument(p)
     p.add_argument(
         "--method",
         action="append",

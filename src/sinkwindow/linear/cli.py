@@ -15,6 +15,8 @@ import json
 import logging
 import re
 
+from ..models import add_model_argument
+
 __all__ = ["parse_tokens", "register"]
 
 # LoLCATs' GPU recipe: 2 epochs of ~10M Alpaca tokens per stage (LINEAR.md §6).
@@ -100,11 +102,7 @@ def register(subparsers) -> None:
         "(feature maps + window factors, MSE to the softmax outputs), stage 2 LoRA on q/k/v/o (next-token loss). "
         "Resumable: rerun the same command to continue.",
     )
-    p.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
-    )
+    add_model_argument(p)
     p.add_argument("--method", default="lolcats:64", help="lolcats:W or linear (default: %(default)s)")
     p.add_argument(
         "--tokens",

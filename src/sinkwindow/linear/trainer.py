@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -242,6 +243,15 @@ def run_stage(
                 "wall_s": round(wall(), 1),
             },
         )
+        if not progress:
+            # Without a bar a long run would be silent: one line per validation instead.
+            print(
+                f"{cfg.stage} step {step}/{steps_total} ({step * tokens_per_step:,} tokens): val {val:.4g}, "
+                f"best {best_val:.4g}, train {train_loss if train_loss is None else f'{train_loss:.4g}'}, "
+                f"{wall():.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         return val
 
     if step == 0:

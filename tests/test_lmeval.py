@@ -574,3 +574,12 @@ def test_smollm2_limit20_through_cli(tmp_path, capsys):
     _, data_ = lmeval.recovery_table(rows)
     assert data_["models"]["smollm2-135m"]["methods"]["full"]["average_recovery"] == 100.0
     assert "MMLU recovery" in capsys.readouterr().out
+
+
+def test_limit_parser_mixes_a_default_with_per_task_limits():
+    parse = lmeval._parse_limit
+    assert parse("500") == 500 and parse("0.1") == 0.1 and parse(None) is None
+    limits = parse("100,mmlu=2")
+    assert limits == {"*": 100, "mmlu": 2}
+    assert lmeval._limit_for(limits, "mmlu") == 2 and lmeval._limit_for(limits, "piqa") == 100
+    assert lmeval._limit_for(parse("arc_easy=3"), "piqa") is None

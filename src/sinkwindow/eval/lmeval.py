@@ -912,10 +912,12 @@ def _parse_limit(text: str | None) -> int | float | dict | None:
         return None
     if "=" not in text:
         return float(text) if "." in text else int(text)
+    # "100,mmlu=2": a bare number is every other task's limit.
     out: dict[str, float | int] = {}
     for part in text.split(","):
-        task, _, value = part.partition("=")
-        out[task.strip()] = float(value) if "." in value else int(value)
+        task, sep, value = part.partition("=")
+        task, value = (task.strip(), value.strip()) if sep else ("*", task.strip())
+        out[task] = float(value) if "." in value else int(value)
     return out
 
 

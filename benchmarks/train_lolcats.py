@@ -6,8 +6,7 @@
 
 Both phases resume: rerunning the command continues training where it stopped (or skips it when
 done) and skips evaluation rows already in ``<out>/eval/results.jsonl``. Evaluation goes through
-``sinkwindow.eval.runner`` (perplexity, S-NIAH, BABILong) when it is installed, else perplexity on
-essay windows only. Prints a table and ends with one JSON line. Not run by the unit tests.
+``sinkwindow.eval.runner`` (perplexity, S-NIAH, BABILong). Prints a table and ends with one JSON line. Not run by the unit tests.
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ from pathlib import Path
 import torch
 
 import sinkwindow
+from sinkwindow.eval.results import ResultsStore
+from sinkwindow.eval.runner import EvalConfig, run_eval
 from sinkwindow.linear.cli import parse_tokens
 from sinkwindow.linear.trainer import train_baseline
 
@@ -45,34 +46,6 @@ def summarize(rows: list[dict]) -> dict:
             score = sum(r["score"] for r in rs) / len(rs)
         out["|".join(map(str, key))] = {"score": round(score, 3), "n": len(rs)}
     return out
-
-
-def evaluate_ppl_only(
-    model_name: str, methods: list[str], checkpoints: dict, lengths: list[int], windows: int, chunk: int
-) -> list[dict]:
-    from sinkwindow.eval.perplexity import essay_token_windows, perplexity
-
-    rows = []
-    for method in methods:
-        spec = sinkwindow.parse_spec(method)
-        model, tok = sinkwindow.load(
-            model_name, method=method, checkpoint=checkpoints.get(method) if spec.is_linear else None
-        )
-        for length in lengths:
-            for i, ids in enumerate(essay_token_windows(tok, length, windows)):
-                res = perplexity(model, ids, chunk_size=chunk)
-                rows.append(
-                    {
-                        "method": method,
-                        "task": "ppl",
-                        "length": length,
-                        "index": i,
-                        "nll_sum": res.nll_sum,
-                        "n_tokens": res.n_tokens,
-                        "score": res.ppl,
-                    }
-                )
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,26 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     # The trained baselines first: their rows are the new ones, the references may exist elsewhere.
     methods = list(checkpoints) + [str(sinkwindow.parse_spec(m)) for m in args.compare]
     t1 = time.perf_counter()
-    try:
-        from sinkwindow.eval.runner import EvalConfig, run_eval
-    except ImportError:
-        run_eval = None
-    if run_eval is not None:
-        config = EvalConfig(
-            model=args.model, methods=methods, tasks=args.tasks, lengths=args.lengths, ppl_lengths=args.ppl_lengths,
-            babilong_lengths=args.babilong_lengths, samples=args.samples, ppl_windows=args.ppl_windows,
-            chunk_size=args.chunk_size, checkpoints=checkpoints, niah_max_new_tokens=args.niah_max_new_tokens,
-        )  # fmt: skip
-        rows = run_eval(config, str(out / "eval")).rows()
-        evaluated = "runner"
-    else:
-        rows = evaluate_ppl_only(
-            args.model, methods, checkpoints, args.ppl_lengths, args.ppl_windows, args.chunk_size
-        )
-        evaluated = "perplexity only (no sinkwindow.eval.runner)"
+    config = EvalConfig(
+        model=args.model, methods=methods, tasks=args.tasks, lengths=args.lengths, ppl_lengths=args.ppl_lengths,
+        babilong_lengths=args.babilong_lengths, samples=args.samples, ppl_windows=args.ppl_windows,
+        chunk_size=args.chunk_size, checkpoints=checkpoints, niah_max_new_tokens=args.niah_max_new_tokens,
+    )  # fmt: skip
+    rows = run_eval(config, str(out / "eval")).rows()
     for folder in args.merge_results:
-        from sinkwindow.eval.results import ResultsStore
-
         rows += [r for r in ResultsStore(folder).rows() if r["method"] not in methods]
     table = summarize(rows)
     print(f"\n{'method':<12} {'task':<16} {'length':>6} {'score':>9} {'n':>3}")
@@ -192,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
                 "model": args.model,
                 "data": (summary or {}).get("data"),
                 "budget": budget,
-                "evaluated": evaluated,
                 "results": table,
                 "train_session_s": round(train_s, 1),
                 "eval_s": round(time.perf_counter() - t1, 1),

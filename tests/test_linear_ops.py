@@ -14,6 +14,7 @@ from sinkwindow.linear import (
     HybridAttnState,
     chunk_hybrid_attn,
     chunk_linear_attn,
+    hybrid_attn_past_window,
     hybrid_attn_step,
     linear_attn_step,
     naive_quadratic_hybrid_attn,
@@ -22,6 +23,7 @@ from sinkwindow.linear import (
     naive_recurrent_linear_attn,
     prefill_state,
     repeat_kv,
+    window_softmax_terms,
 )
 
 F64 = torch.float64
@@ -107,6 +109,26 @@ def test_hybrid_forms_agree(T: int, W: int, affine: bool) -> None:
     close(state.z, z_rec)
     close(weights.sum(-1), torch.ones_like(weights[..., 0]))
     close(weights @ c.vh, ref)
+
+
+@pytest.mark.parametrize(
+    ("T", "W", "Hkv", "block"),
+    [(200, 16, 3, 64), (200, 64, 1, 7), (65, 64, 3, 64), (64, 64, 3, 64), (10, 16, 3, 64), (129, 1, 1, 5)],
+)
+def test_past_window_form_equals_chunked_tail(T: int, W: int, Hkv: int, block: int) -> None:
+    """Stage 1's fast path: window terms in blocks + re-indexed linear term == chunk_hybrid_attn[w:]."""
+    c = Case(T, Hkv=Hkv)
+    ref, _ = chunk_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True)
+    n = max(T - W, 0)
+    terms = window_softmax_terms(c.q, c.kh, c.vh, W, block=block)
+    assert terms[0].shape == (*c.q.shape[:2], n, c.q.shape[-1]) and terms[1].shape == (*c.q.shape[:2], n)
+    o = hybrid_attn_past_window(
+        c.qf[:, :, T - n :], c.kf[:, :, :n], c.vh[:, :, :n], terms, c.omega, affine=True, chunk_size=block
+    )
+    close(o, ref[:, :, T - n :])
+    if n:
+        # The skipped queries really are pure softmax attention over their causal prefix.
+        close(ref[:, :, :W], dense_swa(c.q, c.kh, c.vh, T)[:, :, :W])
 
 
 def test_hybrid_window_boundary_matters() -> None:

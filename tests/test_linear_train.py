@@ -16,7 +16,13 @@ from sinkwindow.linear.convert import get_retrofit, set_mode
 from sinkwindow.linear.data import IGNORE, encode_row, load_training_data, pack
 from sinkwindow.linear.finetune import add_lora, lm_step, lora_parameters
 from sinkwindow.linear.trainer import StageConfig, run_stage, train_baseline
-from sinkwindow.linear.transfer import collect_records, linear_share, prepare_transfer, transfer_step
+from sinkwindow.linear.transfer import (
+    collect_records,
+    linear_share,
+    prepare_transfer,
+    reference_transfer_loss,
+    transfer_step,
+)
 
 W = 8
 
@@ -89,6 +95,34 @@ def test_batched_students_equal_per_layer_students(spec):
     assert got == pytest.approx(want, rel=1e-5)
     grouped = transfer_step(model, ids, backward=False, mse_factor=1.0, layer_group=2)["layer_mse"]
     assert grouped == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("spec", [f"lolcats:{W}", "lolcats:30", "linear"])
+def test_fast_transfer_step_equals_reference_loss_and_gradients(spec):
+    # The fast path skips the first w queries and differentiates only the linear term; the slow
+    # twin runs chunk_hybrid_attn on every query with gradients throughout. Same loss, same grads.
+    model = convert(tiny_model("llama"), spec, init="kaiming")
+    params = prepare_transfer(model)
+    ids = ids_for(2, 45)
+    got = transfer_step(model, ids)["loss"]
+    fast = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    ref = reference_transfer_loss(model, ids)
+    ref.backward()
+    assert got == pytest.approx(ref.item(), rel=1e-5)
+    for g_fast, p in zip(fast, params):
+        torch.testing.assert_close(g_fast, p.grad, rtol=1e-4, atol=1e-7)
+    assert all(float(g.abs().sum()) > 0 for g in fast)
+
+
+def test_fast_transfer_step_on_a_sequence_within_the_window():
+    # L ≤ w: the hybrid is softmax attention on every query, so there is nothing to learn.
+    model = convert(tiny_model("llama"), "lolcats:64", init="kaiming")
+    params = prepare_transfer(model)
+    out = transfer_step(model, ids_for(2, 45))
+    assert out["loss"] == 0.0 and all(p.grad is None for p in params)
+    assert reference_transfer_loss(model, ids_for(2, 45)).item() < 1e-9
 
 
 def test_stage1_trains_only_maps_and_gamma():

@@ -35,10 +35,12 @@ from sinkwindow.linear.ops import (
     LinearAttnState,
     chunk_hybrid_attn,
     chunk_linear_attn,
+    hybrid_attn_past_window,
     hybrid_attn_step,
     linear_attn_step,
     prefill_state,
     repeat_kv,
+    window_softmax_terms,
 )
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "chunk_hybrid_attn",
     "chunk_linear_attn",
     "exp_dim",
+    "hybrid_attn_past_window",
     "hybrid_attn_step",
     "linear_attn_step",
     "naive_quadratic_hybrid_attn",
@@ -72,4 +75,5 @@ __all__ = [
     "relu",
     "repeat_kv",
     "softmax_dim",
+    "window_softmax_terms",
 ]

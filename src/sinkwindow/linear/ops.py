@@ -51,10 +51,12 @@ __all__ = [
     "LinearAttnState",
     "chunk_hybrid_attn",
     "chunk_linear_attn",
+    "hybrid_attn_past_window",
     "hybrid_attn_step",
     "linear_attn_step",
     "prefill_state",
     "repeat_kv",
+    "window_softmax_terms",
 ]
 
 FeatureMap = Callable[[torch.Tensor], torch.Tensor]
@@ -304,6 +306,107 @@ def chunk_hybrid_attn(
     if initial_state is not None:
         S, z = S + initial_state.S.to(dt), z + initial_state.z.to(dt)
     return o, LinearAttnState(S, z)
+
+
+def window_softmax_terms(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    scale: float | None = None,
+    block: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hybrid's window term without γ, for the queries that have a linear term (i ≥ w).
+
+    For query i ≥ w: num_i = Σ_{i−w<j≤i} exp(s_ij − m_i) v_j and den_i = Σ exp(s_ij − m_i), m_i the
+    window's max score, so the hybrid's output is (γ·num + λ·num_l) / (γ·den + λ·den_l). Queries
+    i < w are left out: their window is the whole causal prefix and they have no linear term, so
+    the hybrid equals softmax attention there whatever the feature maps and γ are (stage 1 gets
+    no gradient from them). Queries run in blocks of ``block`` against the w + block keys that
+    cover their windows, which is cheaper than the chunk-pair layout of ``chunk_hybrid_attn`` (2w
+    keys per query) for w > block. Nothing here depends on trained parameters, so stage 1 runs it
+    under ``no_grad`` and only the linear term is differentiated.
+
+    Args:
+        q: (b, H, L, D).
+        k, v: (b, H, L, D), expanded to H heads.
+        window: w ≥ 1.
+        scale: score scale, 1/√D by default.
+        block: queries per block.
+
+    Returns:
+        num: (b, H, max(L − w, 0), D) and den: (b, H, max(L − w, 0)), for queries w … L − 1, in
+        float32 (float64 for float64 inputs).
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    dt = _compute_dtype(q, k, v)
+    b, H, L, D = q.shape
+    n_q = max(L - window, 0)
+    if n_q == 0:
+        return q.new_zeros(b, H, 0, D, dtype=dt), q.new_zeros(b, H, 0, dtype=dt)
+    scale = D**-0.5 if scale is None else scale
+    Cq = min(block, n_q)
+    n = -(-n_q // Cq)
+    # Pad the end so that the last block is full; padded queries see only padded keys and are dropped.
+    Lp = window + n * Cq
+    qb = _pad_to(q.to(dt), Lp)[:, :, window:].reshape(b, H, n, Cq, D)
+    kp, vp = _pad_to(k.to(dt), Lp), _pad_to(v.to(dt), Lp)
+    # Block c holds queries w + c·Cq + a (a < Cq) and keys c·Cq + t (t < w + Cq): key t is in the
+    # window of query a iff a < t ≤ a + w.
+    kb = kp.unfold(2, window + Cq, Cq)  # [b, H, n, D, w + Cq]
+    vb = vp.unfold(2, window + Cq, Cq).transpose(-1, -2)  # [b, H, n, w + Cq, D]
+    a = torch.arange(Cq, device=q.device)[:, None]
+    t = torch.arange(window + Cq, device=q.device)[None, :]
+    outside = ~((t > a) & (t <= a + window))
+    s = torch.matmul(qb, kb).mul_(scale).masked_fill_(outside, float("-inf"))
+    s = s.sub_(s.amax(-1, keepdim=True)).exp_()
+    num = torch.matmul(s, vb).reshape(b, H, n * Cq, D)[:, :, :n_q]
+    den = s.sum(-1).reshape(b, H, n * Cq)[:, :, :n_q]
+    return num, den
+
+
+def hybrid_attn_past_window(
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    v: torch.Tensor,
+    window_terms: tuple[torch.Tensor, torch.Tensor],
+    window_factor: torch.Tensor | float,
+    affine: bool = False,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """The hybrid's outputs for queries w … L − 1, given their window terms: stage 1's fast path.
+
+    Equals ``chunk_hybrid_attn(...)[0][:, :, w:]``. Query i ≥ w sees keys j ≤ i − w through the
+    linear term, which after re-indexing i' = i − w is plain inclusive causal linear attention of
+    the queries past the window against the keys before the last w, so no shift or padding to a
+    multiple of w is needed and the chunk size is free (64 beats w for large windows).
+
+    Args:
+        q_feat: (b, H, L − w, F), φq of queries w … L − 1.
+        k_feat: (b, H, L − w, F), φk of keys 0 … L − w − 1 (expanded to H heads).
+        v: (b, H, L − w, D), values 0 … L − w − 1.
+        window_terms: (num, den) from ``window_softmax_terms``: (b, H, L − w, D) and (b, H, L − w).
+        window_factor: ω, scalar or H logits; γ = sigmoid(ω).
+        affine: λ = 1 − γ instead of 1.
+        chunk_size: chunk of the linear term.
+
+    Returns:
+        (b, H, L − w, D) in the compute dtype (float32, or float64 for float64 inputs).
+    """
+    num_w, den_w = window_terms
+    dt = _compute_dtype(q_feat, k_feat, v, num_w)
+    b, H, n, _ = q_feat.shape
+    gamma, lam = _mixing_factors(window_factor, H, affine, dt, q_feat.device)
+    if n == 0:
+        return num_w.to(dt)
+    C = max(1, min(chunk_size, n))
+    Lp = -(-n // C) * C
+    num_l, den_l = _chunk_causal_linear(*(_pad_to(x.to(dt), Lp) for x in (q_feat, k_feat, v)), C, None)
+    lam_ = lam if isinstance(lam, float) else lam.reshape(1, H, 1)
+    num = gamma * num_w.to(dt) + lam * num_l[:, :, :n]
+    den = gamma.reshape(1, H, 1) * den_w.to(dt) + lam_ * den_l[:, :, :n]
+    return num / den[..., None]
 
 
 def linear_attn_step(

@@ -4,9 +4,16 @@ The base model is frozen and runs its own softmax attention under ``torch.no_gra
 ``"transfer"`` mode: each layer returns the teacher's output (teacher forcing, so every layer sees
 the original hidden states) and records its detached q, k, v and teacher output. Because the
 layers are then independent, all students are computed *after* the forward in one batched kernel
-call, with the layers folded into the head axis (L layers × H heads): one ``chunk_hybrid_attn``
-over 270 heads instead of 30 calls over 9, which on CPU is several times faster than the per-layer
-loop LoLCATs runs. ``layer_group`` bounds the memory of that call.
+call, with the layers folded into the head axis (L layers × H heads): one kernel call over 270
+heads instead of 30 calls over 9, which on CPU is several times faster than the per-layer loop
+LoLCATs runs. ``layer_group`` bounds the memory of that call.
+
+For the hybrid, only what depends on trained parameters is differentiated: the window's softmax
+terms run under ``no_grad`` (γ multiplies them afterwards), the first w queries are skipped (their
+student output is the teacher's exactly), and the linear term runs over the remaining queries with
+its own chunk size (``hybrid_attn_past_window``). ``reference_transfer_loss`` is the slow twin:
+layer by layer, every query, ``chunk_hybrid_attn`` with gradients throughout; tests hold the two
+to the same loss and gradients.
 
 Loss (LoLCATs ``distill_attention_xent_mse``, xent factor 0): ``mse_factor`` × mean over layers of
 the MSE between student and teacher outputs (b, H, L, D), before ``o_proj``. The cross-entropy on
@@ -27,11 +34,27 @@ from .attention import Retrofit, TransferRecord
 from .convert import get_retrofit, set_mode
 from .feature_maps import ACTIVATIONS, HedgehogFeatureMap
 from .naive import naive_quadratic_hybrid_attn
-from .ops import chunk_hybrid_attn, chunk_linear_attn, repeat_kv
+from .ops import (
+    chunk_hybrid_attn,
+    chunk_linear_attn,
+    hybrid_attn_past_window,
+    repeat_kv,
+    window_softmax_terms,
+)
 
-__all__ = ["collect_records", "linear_share", "prepare_transfer", "transfer_parameters", "transfer_step"]
+__all__ = [
+    "collect_records",
+    "linear_share",
+    "prepare_transfer",
+    "reference_transfer_loss",
+    "transfer_parameters",
+    "transfer_step",
+]
 
 MSE_FACTOR = 1000.0
+# Query block of the window terms and chunk of the linear term in stage 1's fast path. On one CPU
+# thread at SmolLM2 shapes (270 heads, L = 1024, w = 256), 128 beat 64 and 256 in both.
+BLOCK = 128
 
 
 def transfer_parameters(model: PreTrainedModel, train_window_factor: bool = True) -> list[nn.Parameter]:
@@ -80,24 +103,63 @@ def _stacked_features(maps: list[HedgehogFeatureMap], x: torch.Tensor) -> torch.
     return act(u, eps=maps[0].eps)
 
 
-def _group_student(rf: Retrofit, recs: list[TransferRecord]) -> torch.Tensor:
-    """Student outputs of a group of layers in one kernel call: (b, G·H, L, D) float32."""
+def _group_student(rf: Retrofit, recs: list[TransferRecord]) -> tuple[torch.Tensor, int]:
+    """Student outputs of a group of layers in one kernel call.
+
+    Returns:
+        o: (b, G·H, L − skip, D) float32, the outputs of queries ``skip`` … L − 1.
+        skip: leading queries left out. For the hybrid these are the first w, whose window is
+            their whole causal prefix: the student equals the teacher there exactly, whatever the
+            parameters, so they add nothing to the loss or its gradient. Their window terms do
+            not depend on trained parameters either, so they run under ``no_grad`` and only the
+            linear term is differentiated (``hybrid_attn_past_window``).
+    """
     mods = [rf.modules[r.layer] for r in recs]
     n_rep = recs[0].q.shape[1] // recs[0].k.shape[1]
     q = torch.cat([r.q for r in recs], dim=1).float()
     k = torch.cat([repeat_kv(r.k, n_rep) for r in recs], dim=1).float()
     v = torch.cat([repeat_kv(r.v, n_rep) for r in recs], dim=1).float()
-    phi_q = _stacked_features([m.feature_map_q for m in mods], q)
-    phi_k = _stacked_features([m.feature_map_k for m in mods], k)
     variant = rf.variant
     if variant.kind == "lolcats":
+        w, L = variant.window, q.shape[-2]
+        skip = min(w, L)
+        with torch.no_grad():
+            terms = window_softmax_terms(q, k, v, w, scale=recs[0].scaling, block=BLOCK)
+        phi_q = _stacked_features([m.feature_map_q for m in mods], q[:, :, skip:])
+        phi_k = _stacked_features([m.feature_map_k for m in mods], k[:, :, : L - skip])
         omega = torch.cat([m.window_factors.reshape(-1) for m in mods])
-        o, _ = chunk_hybrid_attn(
-            q, k, v, phi_q, phi_k, variant.window, omega, affine=variant.affine, scale=recs[0].scaling
+        o = hybrid_attn_past_window(
+            phi_q, phi_k, v[:, :, : L - skip], terms, omega, affine=variant.affine, chunk_size=BLOCK
         )
-    else:
-        o, _ = chunk_linear_attn(phi_q, phi_k, v, eps=variant.eps)
-    return o
+        return o, skip
+    phi_q = _stacked_features([m.feature_map_q for m in mods], q)
+    phi_k = _stacked_features([m.feature_map_k for m in mods], k)
+    o, _ = chunk_linear_attn(phi_q, phi_k, v, eps=variant.eps)
+    return o, 0
+
+
+def reference_transfer_loss(model: PreTrainedModel, input_ids: torch.Tensor, mse_factor: float = MSE_FACTOR):
+    """Slow twin of ``transfer_step``'s loss: layer by layer, every query, the full chunked kernel.
+
+    Differentiable; ``transfer_step`` must give the same loss and gradients.
+    """
+    rf = get_retrofit(model)
+    recs = collect_records(model, input_ids)
+    total = 0.0
+    for r in recs:
+        attn = rf.modules[r.layer]
+        n_rep = r.q.shape[1] // r.k.shape[1]
+        k, v = repeat_kv(r.k, n_rep).float(), repeat_kv(r.v, n_rep).float()
+        q = r.q.float()
+        if rf.variant.kind == "lolcats":
+            o, _ = chunk_hybrid_attn(
+                q, k, v, attn.feature_map_q(q), attn.feature_map_k(k), rf.variant.window,
+                attn.window_factors, affine=rf.variant.affine, scale=r.scaling,
+            )  # fmt: skip
+        else:
+            o, _ = chunk_linear_attn(attn.feature_map_q(q), attn.feature_map_k(k), v, eps=rf.variant.eps)
+        total = total + (o.float() - r.target).square().mean()
+    return mse_factor * total / len(recs)
 
 
 def _groups(recs: list[TransferRecord], size: int | None) -> list[list[TransferRecord]]:
@@ -150,12 +212,15 @@ def transfer_step(
     grad = backward and torch.is_grad_enabled()
     for group in _groups(recs, layer_group):
         with torch.set_grad_enabled(grad):
-            o = _group_student(rf, group)
-            b, GH, L, D = o.shape
-            target = torch.cat([r.target for r in group], dim=1)
-            mse = (o - target).square().reshape(b, len(group), GH // len(group), L, D).mean(dim=(0, 2, 3, 4))
+            o, skip = _group_student(rf, group)
+            b, GH, n_q, D = o.shape
+            L = n_q + skip
+            target = torch.cat([r.target[:, :, skip:] for r in group], dim=1)
+            # Mean over all L queries: the skipped ones contribute zero error (see _group_student).
+            sq = (o - target).square().reshape(b, len(group), GH // len(group), n_q, D)
+            mse = sq.sum(dim=(0, 2, 3, 4)) / (b * (GH // len(group)) * L * D)
             loss = mse_factor * mse.sum() / n
-            if grad:
+            if grad and loss.requires_grad:  # a sequence no longer than w has nothing to train
                 (loss * scale).backward()
         for r, m in zip(group, mse.detach().tolist()):
             layer_mse[r.layer] = m

@@ -209,8 +209,9 @@ def load(
     Args:
         name: ``smollm2-135m`` (default), ``gemma3-270m``, a hub id (``Qwen/Qwen2.5-0.5B``), a local
             folder, or a path to a ``.gguf`` file.
-        method: optional spec to apply right away (``"swa:64:4"``); linear baselines need a
-            training ``checkpoint``.
+        method: optional spec to apply right away (``"swa:64:4"``). Linear baselines use the
+            adapter shipped for a packaged model (``lolcats:256`` on ``smollm2-135m``) unless a
+            training ``checkpoint`` is given.
         offline: forbid network access (default: offline unless ``HF_HUB_OFFLINE=0`` is set).
 
     Raises:
@@ -249,18 +250,11 @@ def load(
     model = model.to(device).eval()
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
+    from .switch import MODEL_NAME_ATTR, use_method
+
+    setattr(model, MODEL_NAME_ATTR, name)
     if method is not None:
-        from .spec import parse_spec
-
-        spec = parse_spec(method)
-        if spec.is_linear:
-            from .linear import load_linear  # noqa: PLC0415 - the linear stack is optional
-
-            model = load_linear(model, spec, checkpoint)
-        else:
-            from .patch import apply
-
-            apply(model, spec)
+        model = use_method(model, method, checkpoint=checkpoint)
     return model, tokenizer
 
 

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..linear.adapters import shipped_adapter
 from ..models import add_model_argument
 from .lmeval_tasks import TASKS_DIR
 from .lmeval_tasks import utils as _local
@@ -325,28 +326,10 @@ def _parse(method: str):
 
 
 def _switch_method(model, method: str, checkpoint: str | None = None):
-    """``model`` running ``method``: linear baselines are reverted, softmax patches removed, then the
-    new method is applied (``sinkwindow.apply``) or converted in (``sinkwindow.linear.load_linear``)."""
-    import sinkwindow
+    """``model`` running ``method`` (``sinkwindow.switch.use_method``)."""
+    from sinkwindow.switch import use_method
 
-    spec = sinkwindow.parse_spec(method)
-    if spec.is_linear and checkpoint is None:
-        raise ValueError(f"{spec} is a trained baseline: pass its training checkpoint")
-    try:
-        from sinkwindow.linear import is_converted, revert
-    except ImportError:  # the linear stack (and peft) is optional
-        pass
-    else:
-        if is_converted(model):
-            revert(model)
-    sinkwindow.apply(model, "full")
-    if spec.is_linear:
-        from sinkwindow.linear import load_linear
-
-        return load_linear(model, spec, checkpoint)
-    if not spec.is_full:
-        sinkwindow.apply(model, spec)
-    return model
+    return use_method(model, method, checkpoint=checkpoint)
 
 
 # ---------------------------------------------------------------------------- the stock CLI
@@ -549,7 +532,11 @@ def run_lmeval(
     specs = [str(sinkwindow.parse_spec(m)) for m in methods]
     tasks = SHORT_TASKS if tasks is None else tasks
     for spec in specs:
-        if sinkwindow.parse_spec(spec).is_linear and _checkpoint_for(checkpoints, spec) is None:
+        if (
+            sinkwindow.parse_spec(spec).is_linear
+            and _checkpoint_for(checkpoints, spec) is None
+            and shipped_adapter(model_name, spec) is None
+        ):
             raise ValueError(
                 f"{spec} is a trained baseline: pass checkpoints={{'{spec}': PATH}} (CLI: --checkpoint)"
             )

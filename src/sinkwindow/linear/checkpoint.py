@@ -203,21 +203,32 @@ def load_checkpoint(model: PreTrainedModel, path: str | os.PathLike, strict: boo
 
 
 def load_linear(
-    model: PreTrainedModel, spec: str | MethodSpec, checkpoint: str | os.PathLike | None
+    model: PreTrainedModel,
+    spec: str | MethodSpec,
+    checkpoint: str | os.PathLike | None,
+    model_name: str | None = None,
 ) -> PreTrainedModel:
     """Convert ``model`` to the trained baseline ``spec`` from ``checkpoint`` (what ``sinkwindow.load`` calls).
 
-    The model is put in eval mode with every parameter frozen.
+    With no ``checkpoint``, the adapter shipped with the package for (``model_name``, ``spec``) is
+    used (``adapters.shipped_adapter``); an explicit checkpoint always wins. The model is put in
+    eval mode with every parameter frozen.
 
     Raises:
-        ValueError: no checkpoint (the baseline must be trained first), or one for another spec.
+        ValueError: no checkpoint and none shipped (the baseline must be trained first), or one
+            for another spec.
     """
+    from .adapters import list_adapters, shipped_adapter
+
     spec = parse_spec(spec)
     if checkpoint is None:
+        checkpoint = shipped_adapter(model_name, spec)
+    if checkpoint is None:
+        shipped = ", ".join(f"{Path(a['path']).stem.replace('--', ' ')}" for a in list_adapters()) or "none"
         raise ValueError(
-            f"'{spec}' is a trained baseline: train it first with `sinkwindow train --model <model> --method {spec} "
-            f"--tokens 1M --out runs/{str(spec).replace(':', '')}`, then pass checkpoint=<that folder> "
-            f"(CLI: --checkpoint)"
+            f"'{spec}' is a trained baseline and none ships for {model_name or 'this model'} (shipped: {shipped}): "
+            f"train it with `sinkwindow train --model <model> --method {spec} --tokens 1M "
+            f"--out runs/{str(spec).replace(':', '')}`, then pass checkpoint=<that folder> (CLI: --checkpoint)"
         )
     meta = read_metadata(checkpoint)
     if parse_spec(meta["spec"]) != spec:

@@ -1,0 +1,64 @@
+"""``use_method``: the one way to put a loaded model into a method, whatever it ran before.
+
+A model moves between methods in place (evaluation runs full, SWA and the trained baselines on
+one loaded copy): a linear retrofit is reverted first, then full attention is restored, then the
+new method is patched in (``apply``) or its trained adapter is converted in (``load_linear``).
+Every caller that switches methods (``load``, the evaluation runner, the lm-eval model) goes
+through here, so no two of them can disagree about what "switching" means.
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import PreTrainedModel
+
+from .patch import apply
+from .spec import MethodSpec, parse_spec
+
+__all__ = ["MODEL_NAME_ATTR", "model_name", "use_method"]
+
+# ``load`` records the name a model was loaded by, so a packaged model finds its shipped adapters.
+MODEL_NAME_ATTR = "_sinkwindow_model_name"
+
+
+def model_name(model: PreTrainedModel) -> str | None:
+    """The name ``sinkwindow.load`` loaded ``model`` by (``smollm2-135m``), or ``None``."""
+    return getattr(model, MODEL_NAME_ATTR, None)
+
+
+def use_method(
+    model: PreTrainedModel,
+    spec: str | MethodSpec,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    native_sliding: str = "override",
+) -> PreTrainedModel:
+    """Put ``model`` into ``spec`` in place and return it.
+
+    Args:
+        model: a causal LM, possibly patched or converted by an earlier call.
+        spec: any method spec (``full``, ``swa:W:S``, ``evict:W:S``, ``lolcats:W``, ``linear``).
+        checkpoint: trained adapter for a linear baseline; ``None`` uses the adapter shipped for
+            the packaged model ``model`` was loaded as, if there is one.
+        native_sliding: as in ``apply``.
+
+    Returns:
+        The model (the same object) running ``spec``.
+
+    Raises:
+        ValueError: a linear baseline with no checkpoint and none shipped, or a bad spec.
+    """
+    spec = parse_spec(spec)
+    if getattr(model, "_sinkwindow_linear", None) is not None:
+        from .linear import revert  # noqa: PLC0415 - the linear stack (peft) is optional
+
+        revert(model)
+    apply(model, "full")
+    if spec.is_linear:
+        from .linear import load_linear  # noqa: PLC0415
+
+        return load_linear(model, spec, checkpoint, model_name=model_name(model))
+    if not spec.is_full:
+        apply(model, spec, native_sliding=native_sliding)
+    return model

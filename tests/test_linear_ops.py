@@ -111,6 +111,19 @@ def test_hybrid_forms_agree(T: int, W: int, affine: bool) -> None:
     close(weights @ c.vh, ref)
 
 
+@pytest.mark.parametrize(("T", "W", "block"), [(200, 16, 1), (200, 64, 5), (65, 16, 200), (130, 64, 64)])
+def test_chunked_hybrid_any_block_size(T: int, W: int, block: int) -> None:
+    """Window blocks and linear chunks of any size (smaller, larger than w or than L) give the same outputs."""
+    c = Case(T)
+    ref, _ = naive_quadratic_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
+    o, state = chunk_hybrid_attn(
+        c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, output_final_state=True, block=block
+    )
+    close(o, ref)
+    n = T - W
+    close(state.S, torch.einsum("bhlf,bhld->bhfd", c.kf[:, :, :n], c.vh[:, :, :n]))
+
+
 @pytest.mark.parametrize(
     ("T", "W", "Hkv", "block"),
     [(200, 16, 3, 64), (200, 64, 1, 7), (65, 64, 3, 64), (64, 64, 3, 64), (10, 16, 3, 64), (129, 1, 1, 5)],

@@ -2,8 +2,17 @@
 
 Every number in a report is recomputed from ``results.jsonl``, so a report can be rebuilt at any time
 (``sinkwindow report RUN_DIR``), also from a partial run. Tables follow the paper: accuracy per
-context length per method, the recovery rate (method ÷ full attention, %), and averages, each with
-its sample count.
+context length per method, the recovery rate (method ÷ full attention, %), and averages. Every
+number comes with its sample count and a 95% interval (``stats.py``):
+
+- one task at one length: Wilson interval of the proportion correct;
+- an average over several tasks (BABILong QA1–5) or over lengths: stratified bootstrap, resampling
+  within each (task, length) cell, so each cell keeps its own n;
+- recovery (method ÷ full), the paper's ratio SWA ÷ LoLCATs, and differences between two methods:
+  paired bootstrap over the samples both methods ran (same task, length, index and seed);
+- perplexity: bootstrap over windows of (nll_sum, n_tokens).
+
+A difference is called larger than its noise when its paired interval excludes 0.
 """
 
 from __future__ import annotations
@@ -15,13 +24,24 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ..spec import parse_spec
 from .runner import BABILONG_TASKS, NIAH_TASKS
+from .stats import (
+    ZERO_DENOMINATOR,
+    Interval,
+    bootstrap_mean_interval,
+    bootstrap_ppl_interval,
+    exceeds_noise,
+    paired_bootstrap_diff,
+    paired_bootstrap_ratio,
+    wilson_interval,
+)
 
 __all__ = ["summarize", "markdown_report", "write_report", "PAPER_REFERENCE"]
 
 logger = logging.getLogger(__name__)
 
-# Paper numbers (Llama-3.1-8B, window 256), for orientation beside ours (shared/docs/PAPER.md).
+# Paper numbers (Llama-3.1-8B, window 256), for orientation beside ours (Jolicoeur-Martineau et al., 2026, Table 3).
 PAPER_REFERENCE = {
     "niah_single_3": {
         "full attention": {512: 100, 1024: 99.8, 2048: 100, 4096: 99.8},
@@ -34,6 +54,7 @@ PAPER_REFERENCE = {
         "LoLCATs(+SWA)": {0: 56, 1024: 22, 2048: 10, 4096: 3},
     },
 }
+PAPER_WINDOW = 256
 
 TASK_TITLES = {
     "niah_single_1": "S-NIAH-1 (noise haystack, 7-digit values)",
@@ -41,6 +62,14 @@ TASK_TITLES = {
     "niah_single_3": "S-NIAH-3 (essay haystack, UUID values)",
     "babilong": "BABILong QA1–QA5 average",
 }
+HEADLINE_FAMILIES = ("niah_single_1", "niah_single_2", "niah_single_3", "babilong")
+
+# Bootstrap replicates per interval. 2000 puts the 2.5% and 97.5% percentiles 50 replicates from
+# the ends, and a whole report still takes well under a second.
+N_BOOT = 2000
+# Below this many pairs a percentile bootstrap is visibly too narrow (with 2 pairs it can take
+# only three values); the report says so next to its claims.
+FEW_PAIRS = 10
 
 
 def _mean(xs: list[float]) -> float:
@@ -60,23 +89,122 @@ def _order_methods(methods) -> list[str]:
     return sorted(set(methods), key=key)
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Aggregate rows into ``{family: {method: {length: {"mean", "n"}}}}`` plus perplexity.
+def _family_tasks(family: str) -> tuple[str, ...]:
+    return BABILONG_TASKS if family == "babilong" else (family,)
 
-    Families: each S-NIAH task, ``babilong`` (QA1–5 averaged per sample) and ``babilong_qaK``;
-    ``ppl`` holds ``{"ppl", "n_tokens", "windows"}`` per length and the per-bucket curve.
+
+def _iv(iv: Interval, scale: float = 1.0, key: str = "estimate") -> dict:
+    """An interval as the dict that goes into the summary (and summary.json)."""
+    d = {key: iv.estimate * scale, "lo": iv.lo * scale, "hi": iv.hi * scale, "n": iv.n}
+    if iv.flag:
+        d["flag"] = iv.flag
+    return d
+
+
+class _Samples:
+    """Per-sample scores as proportions: ``task -> method -> length -> {(index, seed): score}``."""
+
+    def __init__(self) -> None:
+        self.by: dict = {}
+
+    def add(self, r: dict) -> None:
+        cell = self.by.setdefault(r["task"], {}).setdefault(r["method"], {}).setdefault(r["length"], {})
+        # Scores are stored 0–100; intervals are computed on proportions.
+        cell[(r.get("index"), r.get("seed"))] = float(r["score"]) / 100.0
+
+    def cell(self, task: str, method: str, length: int) -> dict:
+        return self.by.get(task, {}).get(method, {}).get(length, {})
+
+    def cells(self, tasks, method: str, lengths) -> list[list[float]]:
+        """Non-empty (task, length) cells of one method, as lists of scores."""
+        out = []
+        for t in tasks:
+            for L in lengths:
+                c = self.cell(t, method, L)
+                if c:
+                    out.append(list(c.values()))
+        return out
+
+    def paired(self, tasks, a: str, b: str, lengths) -> tuple[list[list[float]], list[list[float]]]:
+        """Cells of the samples both methods ran, aligned pair by pair."""
+        ca, cb = [], []
+        for t in tasks:
+            for L in lengths:
+                da, db = self.cell(t, a, L), self.cell(t, b, L)
+                keys = sorted(da.keys() & db.keys(), key=repr)
+                if keys:
+                    ca.append([da[k] for k in keys])
+                    cb.append([db[k] for k in keys])
+        return ca, cb
+
+
+def _comparison_pairs(methods) -> list[tuple[str, str]]:
+    """(a, b) pairs the report compares: each SWA(W, S > 0) against the same-W LoLCATs, no-sink
+    SWA, evict and linear baselines present (the paper's comparisons first), then every method
+    against full."""
+    methods = _order_methods(methods)
+    specs = {}
+    for m in methods:
+        try:
+            specs[m] = parse_spec(m)
+        except ValueError:
+            continue
+    pairs = []
+    for a, sa in specs.items():
+        if sa.kind != "swa" or not sa.sinks:
+            continue
+        ranked = []
+        for b, sb in specs.items():
+            same_w = sb.window == sa.window and sb.positions == sa.positions
+            if sb.kind == "lolcats" and sb.window == sa.window:
+                ranked.append((0, b))
+            elif sb.kind == "swa" and same_w and sb.sinks == 0:
+                ranked.append((1, b))
+            elif sb.kind == "evict" and same_w and sb.sinks == sa.sinks:
+                ranked.append((2, b))
+            elif sb.kind == "linear":
+                ranked.append((3, b))
+        pairs += [(a, b) for _, b in sorted(ranked)]
+    return pairs + [(m, "full") for m in methods if m != "full" and "full" in methods]
+
+
+def _swa_lolcats_pairs(methods) -> list[tuple[str, str]]:
+    return [(a, b) for a, b in _comparison_pairs(methods) if b != "full" and parse_spec(b).kind == "lolcats"]
+
+
+def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Aggregate rows into means with intervals (scores in %, as the rows store them).
+
+    Returns a dict with:
+
+    - ``accuracy``: ``{family: {method: {length: {"mean", "lo", "hi", "n", "ci"}}}}``. Families are
+      each S-NIAH task, each ``babilong_qaK`` and ``babilong`` (the equal-weight average of QA1–5
+      at each length). ``ci`` is ``"wilson"`` for one task, ``"bootstrap"`` for the average (and
+      for scores outside 0–100, which are no proportions).
+    - ``accuracy_avg``: ``{family: {method: {"mean", "lo", "hi", "n", "lengths", "complete"}}}``,
+      the average over the method's lengths (stratified bootstrap); ``complete`` is True when the
+      method has every length of the family.
+    - ``recovery``: ``{family: {method: {length | "avg": {"estimate", "lo", "hi", "n"[, "flag"]}}}}``,
+      method ÷ full in %, paired over the samples both ran.
+    - ``swa_vs_lolcats``: ``{"swa:W:S / lolcats:W": {family: {length: ratio interval}}}``, the
+      paper's ratio, paired.
+    - ``differences``: one dict per (family, a, b, length) of the compared pairs: ``mean_a``,
+      ``mean_b``, ``estimate`` (a − b, points), ``lo``, ``hi``, ``n`` (pairs) and ``beyond_noise``.
+    - ``ppl``: ``{method: {length: {"ppl", "lo", "hi", "n_tokens", "windows"}}}`` and
+      ``ppl_buckets`` (the per-position curve); ``niah_depth`` (mean score per length and depth).
+
+    ``n_boot`` and ``seed`` set every bootstrap, so the same rows give the same report.
     """
-    acc: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    ppl: dict = defaultdict(lambda: defaultdict(lambda: {"nll": 0.0, "n": 0, "windows": 0}))
+    samples = _Samples()
+    ppl: dict = defaultdict(lambda: defaultdict(lambda: {"nll": [], "n": []}))
     buckets: dict = defaultdict(lambda: defaultdict(dict))
     depth: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
         task, method, length = r["task"], r["method"], r["length"]
         if task == "ppl":
             p = ppl[method][length]
-            p["nll"] += r["nll_sum"]
-            p["n"] += r["n_tokens"]
-            p["windows"] += 1
+            p["nll"].append(r["nll_sum"])
+            p["n"].append(r["n_tokens"])
             b = buckets[method][length]
             size = r["bucket_size"]
             for i, (s, c) in enumerate(zip(r["bucket_nll_sum"], r["bucket_count"])):
@@ -84,27 +212,108 @@ def summarize(rows: list[dict]) -> dict:
                 cur[0] += s
                 cur[1] += c
             continue
-        acc[task][method][length].append(float(r["score"]))
-        if task in BABILONG_TASKS:
-            acc["babilong"][method][length].append(float(r["score"]))
+        samples.add(r)
         if task in NIAH_TASKS and r.get("depth") is not None:
             depth[method][(length, float(r["depth"]))].append(float(r["score"]))
 
-    out: dict = {"accuracy": {}, "ppl": {}, "ppl_buckets": {}, "niah_depth": {}}
-    for family, by_method in acc.items():
-        out["accuracy"][family] = {
-            m: {L: {"mean": _mean(v), "n": len(v)} for L, v in sorted(by_len.items())}
-            for m, by_len in by_method.items()
-        }
-    for m, by_len in ppl.items():
-        out["ppl"][m] = {
-            L: {
-                "ppl": math.exp(p["nll"] / p["n"]) if p["n"] else float("nan"),
-                "n_tokens": p["n"],
-                "windows": p["windows"],
+    boot = dict(n_boot=n_boot, seed=seed)
+    families = [t for t in samples.by if t in NIAH_TASKS or t in BABILONG_TASKS]
+    families += [t for t in samples.by if t not in families]
+    if any(t in BABILONG_TASKS for t in samples.by):
+        families.append("babilong")
+    out: dict = {
+        "accuracy": {},
+        "accuracy_avg": {},
+        "recovery": {},
+        "swa_vs_lolcats": {},
+        "differences": [],
+        "ppl": {},
+        "ppl_buckets": {},
+        "niah_depth": {},
+    }
+    lengths_of: dict[str, list[int]] = {}
+    for fam in families:
+        tasks = _family_tasks(fam)
+        methods = _order_methods({m for t in tasks for m in samples.by.get(t, {})})
+        lengths = sorted({L for t in tasks for m in methods for L in samples.by.get(t, {}).get(m, {})})
+        lengths_of[fam] = lengths
+        acc, avg = {}, {}
+        for m in methods:
+            acc[m] = {}
+            for L in lengths:
+                cells = samples.cells(tasks, m, [L])
+                if not cells:
+                    continue
+                if len(cells) == 1 and all(0.0 <= v <= 1.0 for v in cells[0]):
+                    iv, ci = wilson_interval(sum(cells[0]), len(cells[0])), "wilson"
+                else:
+                    iv, ci = bootstrap_mean_interval(cells, **boot), "bootstrap"
+                acc[m][L] = {**_iv(iv, 100.0, key="mean"), "ci": ci}
+            cells = samples.cells(tasks, m, lengths)
+            avg[m] = {
+                **_iv(bootstrap_mean_interval(cells, **boot), 100.0, key="mean"),
+                "lengths": sorted(acc[m]),
+                "complete": len(acc[m]) == len(lengths),
             }
-            for L, p in sorted(by_len.items())
-        }
+        out["accuracy"][fam], out["accuracy_avg"][fam] = acc, avg
+        if "full" in methods:
+            rec = {}
+            for m in methods:
+                if m == "full":
+                    continue
+                rec[m] = {}
+                for key, lens in [(L, [L]) for L in lengths] + [("avg", lengths)]:
+                    ca, cb = samples.paired(tasks, m, "full", lens)
+                    if ca:
+                        rec[m][key] = _iv(paired_bootstrap_ratio(ca, cb, **boot), 100.0)
+            out["recovery"][fam] = rec
+
+    for fam in (f for f in HEADLINE_FAMILIES if f in lengths_of):
+        tasks, lengths = _family_tasks(fam), lengths_of[fam]
+        methods = list(out["accuracy"][fam])
+        for a, b in _comparison_pairs(methods):
+            for L in lengths:
+                ca, cb = samples.paired(tasks, a, b, [L])
+                if not ca:
+                    continue
+                d = paired_bootstrap_diff(ca, cb, **boot)
+                out["differences"].append(
+                    {
+                        "family": fam,
+                        "a": a,
+                        "b": b,
+                        "length": L,
+                        "mean_a": 100.0 * _mean([_mean(c) for c in ca]),
+                        "mean_b": 100.0 * _mean([_mean(c) for c in cb]),
+                        **_iv(d, 100.0),
+                        "beyond_noise": exceeds_noise(d),
+                    }
+                )
+        for a, b in _swa_lolcats_pairs(methods):
+            by_len = {}
+            for L in lengths:
+                ca, cb = samples.paired(tasks, a, b, [L])
+                if ca:
+                    by_len[L] = _iv(paired_bootstrap_ratio(ca, cb, **boot))
+            if by_len:
+                out["swa_vs_lolcats"].setdefault(f"{a} / {b}", {})[fam] = by_len
+
+    for m, by_len in ppl.items():
+        out["ppl"][m] = {}
+        for L, p in sorted(by_len.items()):
+            kept = [(x, n) for x, n in zip(p["nll"], p["n"]) if n > 0]
+            iv = (
+                bootstrap_ppl_interval(*zip(*kept), **boot)
+                if kept
+                else Interval(float("nan"), float("nan"), float("nan"), 0)
+            )
+            out["ppl"][m][L] = {
+                "ppl": iv.estimate,
+                "lo": iv.lo,
+                "hi": iv.hi,
+                "n_tokens": sum(p["n"]),
+                "windows": len(p["n"]),
+            }
         out["ppl_buckets"][m] = {
             L: {start: math.exp(s / c) for start, (s, c) in sorted(b.items()) if c}
             for L, b in buckets[m].items()
@@ -114,43 +323,71 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def _isnan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def _fmt(x: float, digits: int = 1) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    if _isnan(x):
+        return "–"
+    if isinstance(x, float) and math.isinf(x):
+        return "∞" if x > 0 else "−∞"
+    return f"{x:.{digits}f}"
 
 
-def _accuracy_table(family: str, data: dict) -> str:
-    methods = _order_methods(data)
-    lengths = sorted({L for m in methods for L in data[m]})
-    full = data.get("full", {})
-    head = "| method | " + " | ".join(_len_label(L) for L in lengths) + " | avg | recovery vs full |"
-    sep = "|---" * (len(lengths) + 3) + "|"
-    lines = [head, sep]
-    for m in methods:
-        cells, means = [], []
-        for L in lengths:
-            c = data[m].get(L)
-            if c is None:
-                cells.append("–")
-                continue
-            cells.append(f"{_fmt(c['mean'])} <sub>n={c['n']}</sub>")
-            means.append(c["mean"])
-        avg = _mean(means) if len(means) == len(lengths) else float("nan")
-        full_avg = (
-            _mean([full[L]["mean"] for L in lengths if L in full])
-            if len(full) >= len(lengths)
-            else float("nan")
-        )
-        rec = (
-            100.0 * avg / full_avg if full_avg and not math.isnan(full_avg) and full_avg > 0 else float("nan")
-        )
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_fmt(avg)} | {_fmt(rec)}% |")
-    return "\n".join(lines)
+def _fmt_iv(d: dict | None, key: str = "mean", digits: int = 1, unit: str = "") -> str:
+    """``62.5 [40.9, 80.0]``; a ratio with a zero denominator reads ``– (÷0)``."""
+    if not d:
+        return "–"
+    if d.get("flag") == ZERO_DENOMINATOR:
+        return "∞ (÷0)" if not _isnan(d[key]) else "– (0 ÷ 0)"
+    bounds = "" if _isnan(d["lo"]) else f" [{_fmt(d['lo'], digits)}, {_fmt(d['hi'], digits)}]"
+    return f"{_fmt(d[key], digits)}{unit}{bounds}"
 
 
 def _len_label(L: int) -> str:
     if L == 0:
         return "0K"
     return f"{L / 1024:g}K" if L % 512 == 0 else str(L)
+
+
+def _accuracy_table(s: dict, family: str) -> str:
+    """Accuracy per length with Wilson (or, for an average of tasks, bootstrap) intervals and n,
+    the stratified average over lengths, and the paired recovery of that average."""
+    data = s["accuracy"][family]
+    methods = _order_methods(data)
+    lengths = sorted({L for m in methods for L in data[m]})
+    head = "| method | " + " | ".join(_len_label(L) for L in lengths) + " | avg | recovery vs full |"
+    sep = "|---" * (len(lengths) + 3) + "|"
+    lines = [head, sep]
+    for m in methods:
+        cells = [
+            f"{_fmt_iv(data[m][L])} <sub>n={data[m][L]['n']}</sub>" if L in data[m] else "–" for L in lengths
+        ]
+        avg = s["accuracy_avg"][family].get(m)
+        avg_txt = _fmt_iv(avg) if avg and avg["complete"] else "–"
+        rec = s["recovery"].get(family, {}).get(m, {}).get("avg")
+        full_avg = s["accuracy_avg"][family].get("full")
+        rec_ok = rec and avg and avg["complete"] and full_avg and full_avg["complete"]
+        rec_txt = _fmt_iv(rec, "estimate", unit="%") if rec_ok else "–"
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {avg_txt} | {rec_txt} |")
+    return "\n".join(lines)
+
+
+def _recovery_table(s: dict, family: str) -> str | None:
+    """Method ÷ full (%) per length, paired bootstrap over the samples both methods ran."""
+    rec = s["recovery"].get(family)
+    if not rec:
+        return None
+    lengths = sorted({L for by in rec.values() for L in by if L != "avg"})
+    lines = [
+        "| method | " + " | ".join(_len_label(L) for L in lengths) + " | avg |",
+        "|---" * (len(lengths) + 2) + "|",
+    ]
+    for m in _order_methods(rec):
+        cells = [_fmt_iv(rec[m].get(L), "estimate", digits=0, unit="%") for L in lengths + ["avg"]]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _ppl_table(ppl: dict) -> str:
@@ -163,7 +400,9 @@ def _ppl_table(ppl: dict) -> str:
     full = ppl.get("full", {})
     for m in methods:
         cells = [
-            f"{_fmt(ppl[m][L]['ppl'], 2)} <sub>{ppl[m][L]['n_tokens']} tok</sub>" if L in ppl[m] else "–"
+            f"{_fmt_iv(ppl[m][L], 'ppl', 2)} <sub>{ppl[m][L]['windows']} win, {ppl[m][L]['n_tokens']} tok</sub>"
+            if L in ppl[m]
+            else "–"
             for L in lengths
         ]
         ratio = [ppl[m][L]["ppl"] / full[L]["ppl"] for L in lengths if L in ppl[m] and L in full]
@@ -175,29 +414,192 @@ def _summary_table(s: dict) -> str:
     """One row per method: the headline of each task family, paper-style."""
     acc = s["accuracy"]
     methods = _order_methods(set(s["ppl"]) | {m for fam in acc.values() for m in fam})
-    fams = [f for f in ("niah_single_1", "niah_single_2", "niah_single_3", "babilong") if f in acc]
+    fams = [f for f in HEADLINE_FAMILIES if f in acc]
     head = (
         "| method | "
         + " | ".join(["perplexity"] * bool(s["ppl"]) + [TASK_TITLES[f].split(" (")[0] for f in fams])
         + " |"
     )
     lines = [head, "|---" * (1 + bool(s["ppl"]) + len(fams)) + "|"]
-    full_means = {f: _mean([c["mean"] for c in acc[f].get("full", {}).values()]) for f in fams}
     for m in methods:
         cells = []
         if s["ppl"]:
             by_len = s["ppl"].get(m, {})
             cells.append(" / ".join(_fmt(v["ppl"], 1) for _, v in sorted(by_len.items())) or "–")
         for f in fams:
-            by_len = acc[f].get(m)
-            if not by_len:
+            avg = s["accuracy_avg"][f].get(m)
+            if not avg:
                 cells.append("–")
                 continue
-            mean = _mean([c["mean"] for c in by_len.values()])
-            rec = 100 * mean / full_means[f] if full_means[f] and full_means[f] > 0 else float("nan")
-            cells.append(f"{_fmt(mean)} ({_fmt(rec, 0)}%)" if m != "full" else _fmt(mean))
+            rec = s["recovery"].get(f, {}).get(m, {}).get("avg")
+            rec_txt = f"; {_fmt_iv(rec, 'estimate', digits=0, unit='%')}" if rec and m != "full" else ""
+            cells.append(f"{_fmt_iv(avg)}{rec_txt}")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _swa_lolcats_section(s: dict) -> list[str]:
+    """The paper's ratio SWA ÷ LoLCATs per length, ours with paired intervals, the paper's beside."""
+    if not s["swa_vs_lolcats"]:
+        return []
+    lines = [
+        "## SWA ÷ LoLCATs, the paper's comparison",
+        "",
+        "Ratio of mean accuracies on the same samples (95% paired bootstrap interval; n pairs). "
+        "Above 1: SWA wins. (÷0): LoLCATs scored 0, so the ratio has no finite value.",
+        "",
+    ]
+    for pair, by_fam in s["swa_vs_lolcats"].items():
+        a, b = pair.split(" / ")
+        lengths = sorted({L for by in by_fam.values() for L in by})
+        lines += [
+            f"**`{a}` ÷ `{b}`**",
+            "",
+            "| task | " + " | ".join(_len_label(L) for L in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
+        for fam, by_len in by_fam.items():
+            cells = [
+                f"{_fmt_iv(by_len[L], 'estimate', 2, '×')} <sub>n={by_len[L]['n']}</sub>"
+                if L in by_len
+                else "–"
+                for L in lengths
+            ]
+            lines.append(f"| {TASK_TITLES[fam].split(' (')[0]} | " + " | ".join(cells) + " |")
+            paper = PAPER_REFERENCE.get(fam)
+            if paper and parse_spec(b).window == PAPER_WINDOW:
+                swa, lol = paper["SWA(256,4)"], paper["LoLCATs(+SWA)"]
+                cells = [f"{swa[L] / lol[L]:.2f}×" if L in swa and lol[L] else "–" for L in lengths]
+                lines.append(
+                    f"| {TASK_TITLES[fam].split(' (')[0]}, paper (Llama-3.1-8B) | " + " | ".join(cells) + " |"
+                )
+        lines.append("")
+    return lines
+
+
+def _differences_section(s: dict) -> list[str]:
+    """Which differences are larger than their noise, in words, one line per (pair, task)."""
+    diffs = s["differences"]
+    if not diffs:
+        return []
+    lines = [
+        "## Which differences are larger than their noise",
+        "",
+        "A difference (a − b, points) counts when its 95% paired bootstrap interval over the samples "
+        "both methods ran excludes 0.",
+    ]
+    if min(d["n"] for d in diffs) < FEW_PAIRS:
+        lines[-1] += (
+            f" Some cells have fewer than {FEW_PAIRS} pairs; there the bootstrap interval is too narrow, "
+            "so read those claims as indications."
+        )
+    lines.append("")
+    groups: dict = defaultdict(list)
+    for d in diffs:
+        groups[(d["a"], d["b"])].append(d)
+    against_full = []
+    for (a, b), ds in groups.items():
+        block = [f"`{a}` against `{b}`:", ""] + [
+            _difference_line(a, b, fam, fds) for fam, fds in _by_family(ds)
+        ]
+        if b == "full":
+            against_full += block + [""]
+        else:
+            lines += block + [""]
+    if against_full:
+        lines += ["<details><summary>Each method against full attention</summary>", ""]
+        lines += against_full + ["</details>", ""]
+    return lines
+
+
+def _by_family(ds: list[dict]) -> list[tuple[str, list[dict]]]:
+    by_fam: dict = defaultdict(list)
+    for d in ds:
+        by_fam[d["family"]].append(d)
+    return [(f, sorted(v, key=lambda d: d["length"])) for f, v in by_fam.items()]
+
+
+def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
+    """``- S-NIAH-3: at 2K a beats b: 60.0 vs 10.0, difference +50.0 [30.0, 70.0], n=10; the
+    difference at 1K is within noise.``"""
+    said = []
+    for d in ds:
+        if d["beyond_noise"]:
+            verb = "beats" if d["estimate"] > 0 else "trails"
+            said.append(
+                f"at {_len_label(d['length'])} {a} {verb} {b}: {_fmt(d['mean_a'])} vs {_fmt(d['mean_b'])}, "
+                f"difference {d['estimate']:+.1f} [{_fmt(d['lo'])}, {_fmt(d['hi'])}], n={d['n']}"
+            )
+    quiet = [_len_label(d["length"]) for d in ds if not d["beyond_noise"]]
+    if quiet:
+        noun, verb = ("the difference", "is") if len(quiet) == 1 else ("differences", "are")
+        where = "at every length" if not said and len(quiet) > 1 else "at " + ", ".join(quiet)
+        said.append(f"{noun} {where} {verb} within noise")
+    return f"- {TASK_TITLES[family].split(' (')[0]}: " + "; ".join(said) + "."
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _accuracy_series(s: dict, family: str) -> dict[str, dict[str, list[float]]]:
+    """Per method, what the accuracy plot draws: x (0K at 256), mean, lo and hi in %."""
+    out = {}
+    for m in _order_methods(s["accuracy"][family]):
+        pts = sorted(s["accuracy"][family][m].items())
+        out[m] = {
+            "x": [max(L, 256) for L, _ in pts],
+            "mean": [c["mean"] for _, c in pts],
+            "lo": [c["lo"] for _, c in pts],
+            "hi": [c["hi"] for _, c in pts],
+        }
+    return out
+
+
+def _accuracy_figure(s: dict, fams: list[str]):
+    """One panel per task family: accuracy with its 95% interval as error bars, a legend on each.
+
+    Methods that score the same would hide each other, so each gets its own marker and line
+    style and a small horizontal offset (a fraction of an octave on the log axis).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(fams), figsize=(4.6 * len(fams), 4.0), squeeze=False)
+    for ax, f in zip(axes[0], fams):
+        series = _accuracy_series(s, f)
+        k = len(series)
+        for i, (m, ser) in enumerate(series.items()):
+            shift = 2 ** (0.07 * (i - (k - 1) / 2))
+            yerr = [
+                [max(0.0, c - lo) for c, lo in zip(ser["mean"], ser["lo"])],
+                [max(0.0, hi - c) for c, hi in zip(ser["mean"], ser["hi"])],
+            ]
+            ax.errorbar(
+                [x * shift for x in ser["x"]],
+                ser["mean"],
+                yerr=yerr,
+                marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES[i % len(LINESTYLES)],
+                markersize=5,
+                capsize=3,
+                elinewidth=1,
+                lw=2 if m == "full" else 1.4,
+                alpha=0.9,
+                label=m,
+            )
+        ax.set_xscale("log", base=2)
+        xs = sorted({x for ser in series.values() for x in ser["x"]})
+        has_0k = any(0 in by for by in s["accuracy"][f].values())
+        ax.set_xticks(xs, ["0K" if x == 256 and has_0k else _len_label(x) for x in xs])
+        ax.minorticks_off()
+        ax.set_title(TASK_TITLES[f].split(" (")[0])
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylim(-5, 105)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best", framealpha=0.8)
+    axes[0][0].set_ylabel("accuracy (%, 95% interval)")
+    fig.tight_layout()
+    return fig
 
 
 def _plots(s: dict, out: Path) -> list[tuple[str, str]]:
@@ -212,25 +614,14 @@ def _plots(s: dict, out: Path) -> list[tuple[str, str]]:
         return []
     made = []
     acc = s["accuracy"]
-    fams = [f for f in ("niah_single_1", "niah_single_2", "niah_single_3", "babilong") if f in acc]
+    fams = [f for f in HEADLINE_FAMILIES if f in acc]
     if fams:
-        fig, axes = plt.subplots(1, len(fams), figsize=(4.2 * len(fams), 3.6), squeeze=False)
-        for ax, f in zip(axes[0], fams):
-            for m in _order_methods(acc[f]):
-                pts = sorted(acc[f][m].items())
-                xs = [max(L, 256) for L, _ in pts]
-                ax.plot(xs, [c["mean"] for _, c in pts], marker="o", label=m, lw=2 if m == "full" else 1.5)
-            ax.set_xscale("log", base=2)
-            ax.set_title(TASK_TITLES[f].split(" (")[0])
-            ax.set_xlabel("context (tokens; 0K plotted at 256)")
-            ax.set_ylim(-5, 105)
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("accuracy (%)")
-        axes[0][-1].legend(fontsize=8, loc="best")
-        fig.tight_layout()
+        fig = _accuracy_figure(s, fams)
         fig.savefig(out / "accuracy_vs_context.png", dpi=110)
         plt.close(fig)
-        made.append(("Accuracy against context length", "accuracy_vs_context.png"))
+        made.append(
+            ("Accuracy against context length (error bars: 95% intervals)", "accuracy_vs_context.png")
+        )
 
     if s["niah_depth"]:
         methods = _order_methods(s["niah_depth"])
@@ -265,10 +656,17 @@ def _plots(s: dict, out: Path) -> list[tuple[str, str]]:
     if s["ppl_buckets"]:
         L = max(L for m in s["ppl_buckets"].values() for L in m)
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        for m in _order_methods(s["ppl_buckets"]):
+        for i, m in enumerate(_order_methods(s["ppl_buckets"])):
             curve = s["ppl_buckets"][m].get(L)
             if curve:
-                ax.plot(list(curve), list(curve.values()), marker=".", label=m)
+                ax.plot(
+                    list(curve),
+                    list(curve.values()),
+                    marker=MARKERS[i % len(MARKERS)],
+                    markersize=3,
+                    linestyle=LINESTYLES[i % len(LINESTYLES)],
+                    label=m,
+                )
         ax.set_yscale("log")
         ax.set_xlabel("position of the predicted token")
         ax.set_ylabel("perplexity in bucket")
@@ -287,6 +685,13 @@ def _plots(s: dict, out: Path) -> list[tuple[str, str]]:
     return made
 
 
+def _recovery_lines(s: dict, family: str) -> list[str]:
+    table = _recovery_table(s, family)
+    if not table:
+        return []
+    return ["Recovery vs full by length (%, paired over the same samples):", "", table, ""]
+
+
 def markdown_report(
     s: dict, config: dict | None, plots: list[tuple[str, str]], extra_sections: list[str] = ()
 ) -> str:
@@ -300,14 +705,21 @@ def markdown_report(
         f"{cfg.get('samples', '?')} samples per task and length; scores are % correct (0/100 per sample, RULER "
         "string match / BABILong compare_answers); recovery = method ÷ full attention.",
         "",
+        "Every number has a 95% interval in brackets and its n: Wilson for one task at one length; a "
+        "stratified bootstrap (resampling within each task and length) for averages over tasks or lengths; "
+        "a paired bootstrap over the samples both methods ran for recovery, ratios and differences; a "
+        "bootstrap over windows for perplexity.",
+        "",
         "## Summary",
         "",
         "Perplexity on Paul Graham essay windows (lower is better); task columns give mean accuracy over all lengths "
-        "(recovery vs full in brackets).",
+        "and, after the semicolon, recovery vs full (%).",
         "",
         _summary_table(s),
         "",
     ]
+    lines += _swa_lolcats_section(s)
+    lines += _differences_section(s)
     for title, fname in plots[:1]:
         lines += [f"![{title}]({fname})", ""]
     if s["ppl"]:
@@ -315,21 +727,23 @@ def markdown_report(
         lines += [f"![{t}]({f})" for t, f in plots if f.startswith("ppl")] + [""]
     for family in ("niah_single_1", "niah_single_2", "niah_single_3"):
         if family in s["accuracy"]:
-            lines += [f"## {TASK_TITLES[family]}", "", _accuracy_table(family, s["accuracy"][family]), ""]
+            lines += [f"## {TASK_TITLES[family]}", "", _accuracy_table(s, family), ""]
+            lines += _recovery_lines(s, family)
     lines += [f"![{t}]({f})" for t, f in plots if f.startswith("niah")] + [""]
     if "babilong" in s["accuracy"]:
         lines += [
             f"## {TASK_TITLES['babilong']}",
             "",
-            _accuracy_table("babilong", s["accuracy"]["babilong"]),
+            _accuracy_table(s, "babilong"),
             "",
         ]
+        lines += _recovery_lines(s, "babilong")
         per_task = [t for t in BABILONG_TASKS if t in s["accuracy"]]
         for t in per_task:
             lines += [
                 f"<details><summary>{t.replace('babilong_', 'BABILong ').upper()}</summary>",
                 "",
-                _accuracy_table(t, s["accuracy"][t]),
+                _accuracy_table(s, t),
                 "",
                 "</details>",
                 "",
@@ -389,7 +803,7 @@ def _md_to_html(md: str) -> str:
                 f'<figure><img src="{src.rstrip(")")}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
             )
         elif line.startswith("- "):
-            out.append(f"<li>{html.escape(line[2:])}</li>")
+            out.append(f"<li>{html.escape(line[2:]).replace('`', '').replace('**', '')}</li>")
         elif line.startswith("<"):
             out.append(line)
         elif line.strip():
@@ -410,8 +824,23 @@ def _md_to_html(md: str) -> str:
     )
 
 
+def _json_safe(obj):
+    """Non-finite floats to ``None`` (JSON has no NaN or Infinity); keys to strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def write_report(run_dir: str | Path, extra_sections: list[str] = ()) -> Path:
-    """Rebuild ``report.md``, ``report.html``, ``summary.json`` and the PNGs of a run folder."""
+    """Rebuild ``report.md``, ``report.html``, ``summary.json`` and the PNGs of a run folder.
+
+    ``summary.json`` holds :func:`summarize`'s dict; numbers that are not finite (an interval
+    reaching +inf, an undefined ratio) are written as ``null``, and the entry's ``flag`` says why.
+    """
     from .results import ResultsStore
 
     run = Path(run_dir)
@@ -422,5 +851,5 @@ def write_report(run_dir: str | Path, extra_sections: list[str] = ()) -> Path:
     md = markdown_report(s, config, plots, extra_sections)
     (run / "report.md").write_text(md)
     (run / "report.html").write_text(_md_to_html(md))
-    (run / "summary.json").write_text(json.dumps(s, indent=2, default=str))
+    (run / "summary.json").write_text(json.dumps(_json_safe(s), indent=2, default=str, allow_nan=False))
     return run / "report.md"

@@ -1,0 +1,289 @@
+"""Intervals for the numbers in a report: Wilson for proportions, bootstrap for everything else.
+
+Every function returns an :class:`Interval` (estimate, lo, hi, n) at a two-sided level (95% by
+default). Nothing here knows about tasks or methods: the report (``report.py``) decides which
+samples form a cell and which samples pair up.
+
+- One cell of 0/1 scores (or of scores in [0, 1] such as RULER's partial string match, whose mean
+  is treated as a proportion): :func:`wilson_interval`. Unlike the normal approximation it never
+  leaves [0, 1] and does not collapse to zero width at 0/n or n/n.
+- An average over samples, or over several cells (an average across tasks or lengths):
+  :func:`bootstrap_mean_interval`. Several cells are resampled *within* each cell (stratified), so
+  each cell keeps its own n and the average stays an equal-weight average of cell means.
+- Two methods on the same samples (same task, length, index): :func:`paired_bootstrap_ratio`
+  (recovery = method ÷ full, and the paper's SWA ÷ LoLCATs) and :func:`paired_bootstrap_diff`.
+  Pairs are resampled together, so what both methods find hard cancels out of the noise.
+  :func:`exceeds_noise` says whether such an interval excludes the null value.
+- Perplexity over windows: :func:`bootstrap_ppl_interval` resamples (nll_sum, n_tokens) pairs.
+
+Bootstrap intervals are percentile intervals over ``n_boot`` replicates drawn with
+``numpy.random.default_rng(seed)``, so the same inputs and seed give the same interval. They are
+too narrow for very small cells (with n = 2 the resamples can only take three values), which is
+why every interval is reported with its n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "Interval",
+    "bootstrap_mean_interval",
+    "bootstrap_ppl_interval",
+    "exceeds_noise",
+    "paired_bootstrap_diff",
+    "paired_bootstrap_ratio",
+    "wilson_interval",
+]
+
+NAN = float("nan")
+
+# Flags an Interval can carry. A ratio whose denominator mean is 0 has no estimate; one where only
+# some replicates hit a zero denominator has an estimate but an interval that may reach +inf.
+ZERO_DENOMINATOR = "zero_denominator"
+UNSTABLE_DENOMINATOR = "unstable_denominator"
+
+
+class Interval(NamedTuple):
+    """A point estimate with a two-sided interval.
+
+    Attributes:
+        estimate: the statistic on the data as observed.
+        lo, hi: interval bounds (``nan`` when undefined, e.g. n = 0).
+        n: number of samples (pairs for paired statistics, windows for perplexity), summed over
+            cells for stratified statistics.
+        flag: ``None``, or why the interval is degenerate (``"zero_denominator"``,
+            ``"unstable_denominator"``).
+    """
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    flag: str | None = None
+
+    @property
+    def width(self) -> float:
+        return self.hi - self.lo
+
+    def scaled(self, factor: float) -> Interval:
+        """The same interval in other units (e.g. ×100 for percent)."""
+        return self._replace(estimate=self.estimate * factor, lo=self.lo * factor, hi=self.hi * factor)
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> Interval:
+    """Wilson score interval for a proportion p̂ = successes / n.
+
+    With z the normal quantile (1.96 for 95%)::
+
+        centre = (p̂ + z²/2n) / (1 + z²/n)
+        half   = z / (1 + z²/n) · sqrt(p̂(1 − p̂)/n + z²/4n²)
+        [lo, hi] = [centre − half, centre + half]
+
+    ``successes`` may be fractional (the sum of scores in [0, 1]); the mean is then treated as a
+    proportion of n trials. At p̂ = 0 the lower bound is exactly 0 and at p̂ = 1 the upper bound is
+    exactly 1 (rounding is clamped).
+
+    Raises:
+        ValueError: for n < 0, or successes outside [0, n].
+    """
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return Interval(NAN, NAN, NAN, 0)
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), n)
+
+
+def _as_cells(values) -> list[np.ndarray]:
+    """A flat sequence becomes one cell; a sequence of sequences stays a list of cells."""
+    if len(values) and all(isinstance(v, (Sequence, np.ndarray)) for v in values):
+        cells = [np.asarray(v, dtype=float) for v in values]
+    else:
+        cells = [np.asarray(values, dtype=float)]
+    for i, c in enumerate(cells):
+        if c.ndim != 1:
+            raise ValueError(f"cell {i} must be a flat list of numbers, got shape {c.shape}")
+    return cells
+
+
+def _percentile(reps: np.ndarray, level: float) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates, ``nan`` replicates dropped.
+
+    Linear interpolation between order statistics, except when a replicate is ±inf: then the
+    nearest order statistic, because interpolating towards inf gives nan.
+    """
+    reps = reps[~np.isnan(reps)]
+    if reps.size == 0:
+        return NAN, NAN
+    q = [(1 - level) / 2, (1 + level) / 2]
+    method = "linear" if np.isfinite(reps).all() else "inverted_cdf"
+    lo, hi = np.quantile(reps, q, method=method)
+    return float(lo), float(hi)
+
+
+def _check_level(level: float, n_boot: int) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), e.g. 0.95; got {level}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+
+
+def _resampled_means(cells: list[np.ndarray], n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot,) equal-weight averages of cell means, each cell resampled with replacement."""
+    total = np.zeros(n_boot)
+    for c in cells:
+        idx = rng.integers(0, c.size, size=(n_boot, c.size))
+        total += c[idx].mean(axis=1)
+    return total / len(cells)
+
+
+def bootstrap_mean_interval(
+    values: Sequence[float] | Sequence[Sequence[float]],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile bootstrap interval of a mean, or of an average of cell means (stratified).
+
+    ``values`` is either one flat list of samples, or a list of cells (one list per task or
+    length). For cells c = 1..C with samples x_c, the estimate is the equal-weight average of cell
+    means, m = (1/C) Σ_c mean(x_c); each replicate draws |x_c| samples with replacement from every
+    cell and recomputes m. A cell of 4 samples therefore contributes a 4-sample noise, however
+    many samples the other cells have.
+
+    Raises:
+        ValueError: when there is no cell, or a cell is empty.
+    """
+    _check_level(level, n_boot)
+    cells = _as_cells(values)
+    if not cells or any(c.size == 0 for c in cells):
+        raise ValueError("every cell needs at least one sample")
+    estimate = float(np.mean([c.mean() for c in cells]))
+    reps = _resampled_means(cells, n_boot, np.random.default_rng(seed))
+    return Interval(estimate, *_percentile(reps, level), sum(c.size for c in cells))
+
+
+def _paired_cells(a, b) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    ca, cb = _as_cells(a), _as_cells(b)
+    if len(ca) != len(cb) or any(x.shape != y.shape for x, y in zip(ca, cb)):
+        raise ValueError("paired samples need the same cells and the same number of samples in each cell")
+    if not ca or any(c.size == 0 for c in ca):
+        raise ValueError("every cell needs at least one pair")
+    return ca, cb
+
+
+def _paired_replicates(ca, cb, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n_boot,) replicate averages of a and of b, with pair indices shared between a and b."""
+    rng = np.random.default_rng(seed)
+    ra, rb = np.zeros(n_boot), np.zeros(n_boot)
+    for x, y in zip(ca, cb):
+        idx = rng.integers(0, x.size, size=(n_boot, x.size))
+        ra += x[idx].mean(axis=1)
+        rb += y[idx].mean(axis=1)
+    return ra / len(ca), rb / len(cb)
+
+
+def paired_bootstrap_ratio(
+    a: Sequence[float] | Sequence[Sequence[float]],
+    b: Sequence[float] | Sequence[Sequence[float]],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Ratio mean(a) / mean(b) of paired samples, with a percentile interval over resampled pairs.
+
+    a[i] and b[i] are the same sample (task, length, index) under two methods; with cells (as in
+    :func:`bootstrap_mean_interval`) the means are equal-weight averages of cell means and pairs
+    are resampled within each cell. Each replicate draws pair indices once and uses them for both
+    a and b.
+
+    Denominator zero: when mean(b) = 0 the ratio has no finite value; the estimate is +inf
+    (mean(a) > 0) or nan (0/0), lo and hi are nan and ``flag`` is ``"zero_denominator"``. When
+    mean(b) > 0 but some replicates draw only zeros of b, those replicates count as +inf (or are
+    dropped for 0/0), so hi may be inf, and ``flag`` is ``"unstable_denominator"``.
+    """
+    _check_level(level, n_boot)
+    ca, cb = _paired_cells(a, b)
+    n = sum(c.size for c in ca)
+    ma = float(np.mean([c.mean() for c in ca]))
+    mb = float(np.mean([c.mean() for c in cb]))
+    if mb == 0:
+        return Interval(math.inf if ma > 0 else NAN, NAN, NAN, n, ZERO_DENOMINATOR)
+    ra, rb = _paired_replicates(ca, cb, n_boot, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reps = ra / rb
+    flag = UNSTABLE_DENOMINATOR if (rb == 0).any() else None
+    return Interval(ma / mb, *_percentile(reps, level), n, flag)
+
+
+def paired_bootstrap_diff(
+    a: Sequence[float] | Sequence[Sequence[float]],
+    b: Sequence[float] | Sequence[Sequence[float]],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Difference mean(a) − mean(b) of paired samples, with a percentile interval over resampled pairs.
+
+    Same pairing and stratification as :func:`paired_bootstrap_ratio`; the replicate statistic is
+    (1/C) Σ_c mean(a*_c − b*_c), with a* and b* drawn at the same indices.
+    """
+    _check_level(level, n_boot)
+    ca, cb = _paired_cells(a, b)
+    estimate = float(np.mean([x.mean() - y.mean() for x, y in zip(ca, cb)]))
+    ra, rb = _paired_replicates(ca, cb, n_boot, seed)
+    return Interval(estimate, *_percentile(ra - rb, level), sum(c.size for c in ca))
+
+
+def exceeds_noise(interval: Interval, null: float = 0.0) -> bool:
+    """True when the interval excludes ``null`` (0 for a difference, 1 for a ratio).
+
+    An undefined interval (nan bounds) never exceeds its noise.
+    """
+    lo, hi = interval.lo, interval.hi
+    if math.isnan(lo) or math.isnan(hi):
+        return False
+    return lo > null or hi < null
+
+
+def bootstrap_ppl_interval(
+    nll_sums: Sequence[float],
+    n_tokens: Sequence[int],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Perplexity exp(Σ nll / Σ n) over windows, with a bootstrap interval over windows.
+
+    Window w contributes nll_sums[w] (summed negative log-likelihood, nats) over n_tokens[w]
+    predicted tokens. A replicate draws windows with replacement, keeping each window's pair
+    together, and recomputes exp(Σ nll* / Σ n*): long windows weigh more, as in the estimate.
+    ``n`` of the result is the number of windows.
+
+    Raises:
+        ValueError: when the lists differ in length, are empty, or a window has no token.
+    """
+    _check_level(level, n_boot)
+    nll = np.asarray(nll_sums, dtype=float)
+    cnt = np.asarray(n_tokens, dtype=float)
+    if nll.shape != cnt.shape or nll.ndim != 1 or nll.size == 0:
+        raise ValueError("need one (nll_sum, n_tokens) pair per window, at least one window")
+    if (cnt <= 0).any():
+        raise ValueError("every window needs n_tokens > 0")
+    estimate = math.exp(nll.sum() / cnt.sum())
+    idx = np.random.default_rng(seed).integers(0, nll.size, size=(n_boot, nll.size))
+    reps = np.exp(nll[idx].sum(axis=1) / cnt[idx].sum(axis=1))
+    return Interval(estimate, *_percentile(reps, level), int(nll.size))

@@ -1,0 +1,194 @@
+"""The report's intervals, paired comparisons and plots, on small synthetic results lists."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sinkwindow.eval.report import (
+    _accuracy_figure,
+    _accuracy_series,
+    markdown_report,
+    summarize,
+    write_report,
+)
+from sinkwindow.eval.results import ResultsStore
+
+pytest.importorskip("sinkwindow.eval.haystack")
+
+
+def niah(method: str, length: int, scores: list[int], task: str = "niah_single_3") -> list[dict]:
+    """One row per sample; ``scores`` are 0/1, stored as 0/100 like the runner does."""
+    return [
+        dict(model="m", task=task, method=method, length=length, seed=0, index=i, score=100.0 * s, depth=50.0)
+        for i, s in enumerate(scores)
+    ]
+
+
+def ppl_rows(method: str, nats: list[float], n: int = 100) -> list[dict]:
+    return [
+        dict(
+            model="m",
+            task="ppl",
+            method=method,
+            length=n + 1,
+            seed=0,
+            index=i,
+            nll_sum=n * x,
+            n_tokens=n,
+            bucket_size=n,
+            bucket_nll_sum=[n * x],
+            bucket_count=[n],
+            score=math.exp(x),
+        )
+        for i, x in enumerate(nats)
+    ]
+
+
+@pytest.fixture
+def rows() -> list[dict]:
+    """full, swa:256:4 and lolcats:256 at 1K and 2K; lolcats scores 0 at 2K."""
+    r = []
+    r += niah("full", 1024, [1] * 10) + niah("full", 2048, [1] * 9 + [0])
+    # At 1K both fixed-memory methods find the same 5 needles: a zero difference.
+    r += niah("swa:256:4", 1024, [1] * 5 + [0] * 5) + niah("swa:256:4", 2048, [1] * 10)
+    r += niah("lolcats:256", 1024, [1] * 5 + [0] * 5) + niah("lolcats:256", 2048, [0] * 10)
+    r += ppl_rows("full", [2.0, 2.0]) + ppl_rows("swa:256:4", [3.0, 1.0])
+    return r
+
+
+def test_accuracy_cells_carry_wilson_intervals_and_n(rows):
+    s = summarize(rows)
+    cell = s["accuracy"]["niah_single_3"]["swa:256:4"][1024]
+    # Wilson 5/10 by hand: centre 0.5, half 1.96/1.38416 · sqrt(0.025 + 0.009604) = 0.26341.
+    assert (cell["mean"], cell["n"], cell["ci"]) == (50.0, 10, "wilson")
+    assert cell["lo"] == pytest.approx(23.659, abs=1e-3) and cell["hi"] == pytest.approx(76.341, abs=1e-3)
+    full = s["accuracy"]["niah_single_3"]["full"][1024]
+    assert full["hi"] == 100.0 and full["lo"] == pytest.approx(72.246, abs=1e-3)
+
+
+def test_babilong_average_is_a_stratified_bootstrap_over_tasks():
+    r = [
+        dict(model="m", task=t, method="full", length=0, seed=0, index=i, score=s)
+        for t, s in (("babilong_qa1", 100.0), ("babilong_qa2", 0.0))
+        for i in range(3)
+    ]
+    cell = summarize(r)["accuracy"]["babilong"]["full"][0]
+    # Each task is constant, so resampling within tasks cannot move the average.
+    assert (cell["mean"], cell["lo"], cell["hi"], cell["n"], cell["ci"]) == (50.0, 50.0, 50.0, 6, "bootstrap")
+
+
+def test_recovery_and_the_paper_ratio_are_paired(rows):
+    s = summarize(rows)
+    rec = s["recovery"]["niah_single_3"]["swa:256:4"]
+    # swa ÷ full at 2K: 100 / 90; a method equal to itself would be exactly 1.
+    assert rec[2048]["estimate"] == pytest.approx(100 * 10 / 9) and rec[2048]["n"] == 10
+    assert rec["avg"]["estimate"] == pytest.approx(100 * 0.75 / 0.95)
+    ratio = s["swa_vs_lolcats"]["swa:256:4 / lolcats:256"]["niah_single_3"]
+    # Same samples, same scores at 1K: exactly 1 with zero width.
+    assert (ratio[1024]["estimate"], ratio[1024]["lo"], ratio[1024]["hi"]) == (1.0, 1.0, 1.0)
+    assert ratio[2048]["flag"] == "zero_denominator" and ratio[2048]["estimate"] == math.inf
+
+
+def test_pairing_uses_only_samples_both_methods_ran():
+    r = niah("full", 1024, [1, 1, 1, 1]) + niah("swa:256:4", 1024, [1, 0, 0, 0, 0, 0])
+    rec = summarize(r)["recovery"]["niah_single_3"]["swa:256:4"][1024]
+    # Indices 4 and 5 have no full-attention twin: 1 of 4 paired samples, 25%.
+    assert rec["n"] == 4 and rec["estimate"] == pytest.approx(25.0)
+
+
+def test_differences_larger_than_noise_are_said_in_words(rows):
+    s = summarize(rows)
+    d = {(x["a"], x["b"], x["length"]): x for x in s["differences"]}
+    d2k, d1k = d[("swa:256:4", "lolcats:256", 2048)], d[("swa:256:4", "lolcats:256", 1024)]
+    assert d2k["beyond_noise"] and (d2k["estimate"], d2k["lo"], d2k["hi"]) == (100.0, 100.0, 100.0)
+    assert not d1k["beyond_noise"] and d1k["estimate"] == 0.0
+    md = markdown_report(s, {"model": "m"}, [])
+    assert (
+        "at 2K swa:256:4 beats lolcats:256: 100.0 vs 0.0, difference +100.0 [100.0, 100.0], n=10; "
+        "the difference at 1K is within noise."
+    ) in md
+    # 10 pairs per cell: no small-sample caution.
+    assert "fewer than" not in md
+
+
+def test_small_cells_get_a_caution():
+    r = niah("full", 1024, [1, 1]) + niah("swa:256:4", 1024, [0, 0])
+    md = markdown_report(summarize(r), {}, [])
+    assert "fewer than 10 pairs" in md and "swa:256:4 trails full" in md
+
+
+def test_markdown_tables_show_intervals(rows):
+    md = markdown_report(summarize(rows), {"model": "m"}, [])
+    assert "| swa:256:4 | 50.0 [23.7, 76.3] <sub>n=10</sub> | 100.0 [72.2, 100.0] <sub>n=10</sub> |" in md
+    # The paper's ratio per length: 1.00× with zero width at 1K, and lolcats at 0 at 2K.
+    assert "| S-NIAH-3 | 1.00× [1.00, 1.00] <sub>n=10</sub> | ∞ (÷0) <sub>n=10</sub> |" in md
+    assert "S-NIAH-3, paper (Llama-3.1-8B) | 2.22× | 8.37× |" in md
+    assert "Recovery vs full by length" in md
+    # Perplexity: windows at 3 and 1 nats/token give exp(2), replicates exp(1) .. exp(3).
+    assert f"| swa:256:4 | {math.exp(2):.2f} [{math.exp(1):.2f}, {math.exp(3):.2f}]" in md
+
+
+def test_no_paper_ratio_without_a_same_window_lolcats(rows):
+    r = [x for x in rows if x["method"] != "lolcats:256"] + niah("lolcats:64", 1024, [0] * 10)
+    s = summarize(r)
+    assert s["swa_vs_lolcats"] == {}
+    assert "SWA ÷ LoLCATs" not in markdown_report(s, {}, [])
+
+
+def test_summary_json_has_the_intervals_and_is_strict_json(rows, tmp_path):
+    store = ResultsStore(tmp_path, {"model": "m", "methods": ["full", "swa:256:4", "lolcats:256"], "seed": 0})
+    store.extend(rows)
+    write_report(tmp_path)
+
+    def no_nan(name):
+        raise AssertionError(f"summary.json holds {name}")
+
+    j = json.loads((tmp_path / "summary.json").read_text(), parse_constant=no_nan)
+    cell = j["accuracy"]["niah_single_3"]["swa:256:4"]["1024"]
+    assert cell["lo"] == pytest.approx(23.659, abs=1e-3) and cell["n"] == 10
+    zero = j["swa_vs_lolcats"]["swa:256:4 / lolcats:256"]["niah_single_3"]["2048"]
+    assert zero["estimate"] is None and zero["flag"] == "zero_denominator"
+    assert j["ppl"]["swa:256:4"]["101"]["hi"] == pytest.approx(math.exp(3))
+    assert any(d["beyond_noise"] for d in j["differences"])
+    md = (tmp_path / "report.md").read_text()
+    assert "[23.7, 76.3]" in md and "](accuracy_vs_context.png)" in md
+    assert (tmp_path / "accuracy_vs_context.png").stat().st_size > 1000
+
+
+def test_summary_is_deterministic(rows):
+    assert json.dumps(summarize(rows), default=str) == json.dumps(summarize(rows), default=str)
+
+
+def test_accuracy_plot_has_error_bars_and_a_legend_on_every_panel(rows):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    r = (
+        rows
+        + niah("full", 1024, [1, 0], task="niah_single_1")
+        + niah("swa:256:4", 1024, [1, 1], "niah_single_1")
+    )
+    s = summarize(r)
+    series = _accuracy_series(s, "niah_single_3")
+    assert series["swa:256:4"]["lo"] == [pytest.approx(23.659, abs=1e-3), pytest.approx(72.246, abs=1e-3)]
+    assert series["lolcats:256"]["hi"][1] == pytest.approx(27.754, abs=1e-3)
+    fams = ["niah_single_1", "niah_single_3"]
+    fig = _accuracy_figure(s, fams)
+    try:
+        assert len(fig.axes) == len(fams)
+        for ax, fam in zip(fig.axes, fams):
+            bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+            assert len(bars) == len(s["accuracy"][fam]) and all(c.has_yerr for c in bars)
+            assert [t.get_text() for t in ax.get_legend().get_texts()] == list(s["accuracy"][fam])
+        # Methods are offset sideways so that equal scores do not hide each other.
+        bars = [c for c in fig.axes[1].containers if isinstance(c, ErrorbarContainer)]
+        assert len({tuple(c.lines[0].get_xdata()) for c in bars}) == 3
+    finally:
+        plt.close(fig)

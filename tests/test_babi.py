@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -385,3 +386,59 @@ def test_unknown_task_rejected():
     with pytest.raises(ValueError):
         generate_babi("qa6", 1)
     assert BabiSample("qa1", ["a.", "b."], "q? ", "x").input == "a. b."
+
+
+# The shipped en-10k test files in BABILong's order
+
+
+def test_babilong_questions_order_and_index():
+    from sinkwindow.eval.babi import BABI_TEST_FILES, babilong_questions, babilong_subset, shipped_babi_dir
+
+    subset = babilong_subset()
+    for task in BABI_TASKS:
+        ordered = babilong_questions(task)
+        in_file = load_babi_file(Path(str(shipped_babi_dir())) / BABI_TEST_FILES[task])
+        assert [s.index for s in ordered[:100]] == subset[task]
+        assert [s.index for s in ordered[100:]] == [i for i in range(1000) if i not in set(subset[task])]
+        assert all(s == in_file[s.index] for s in ordered)
+        assert [s.index for s in in_file] == list(range(1000))
+
+
+def test_babilong_questions_from_a_folder(tmp_path):
+    from sinkwindow.eval.babi import (
+        BABI_TEST_FILES,
+        babilong_questions,
+        find_babi_test_file,
+        shipped_babi_dir,
+    )
+
+    source = Path(str(shipped_babi_dir())) / BABI_TEST_FILES["qa2"]
+    (tmp_path / BABI_TEST_FILES["qa2"]).write_bytes(source.read_bytes())
+    assert find_babi_test_file(tmp_path, "qa2") == tmp_path / BABI_TEST_FILES["qa2"]
+    assert find_babi_test_file(tmp_path, "qa1") is None
+    assert babilong_questions("qa2", tmp_path) == babilong_questions("qa2")
+    # A folder's own index file wins over the shipped one.
+    (tmp_path / "test_100_idxs.json").write_text(json.dumps({"qa2": [5, 3]}))
+    assert [s.index for s in babilong_questions("qa2", tmp_path)[:3]] == [5, 3, 0]
+    (tmp_path / "test_100_idxs.json").write_text(json.dumps({"qa2": [5, 1000]}))
+    with pytest.raises(ValueError, match="outside"):
+        babilong_questions("qa2", tmp_path)
+    with pytest.raises(FileNotFoundError, match="qa1"):
+        babilong_questions("qa1", tmp_path)
+
+
+def test_altered_package_data_is_refused(tmp_path, monkeypatch):
+    from sinkwindow.eval import babi
+
+    copy = tmp_path / "babi"
+    shutil.copytree(Path(str(babi.shipped_babi_dir())), copy)
+    text = (copy / babi.BABI_TEST_FILES["qa1"]).read_text()
+    (copy / babi.BABI_TEST_FILES["qa1"]).write_text(text.replace("hallway", "garden", 1))
+    monkeypatch.setattr(babi, "shipped_babi_dir", lambda: copy)
+    babi._shipped_text.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="sha256"):
+            babi.babilong_questions("qa1")
+        assert len(babi.babilong_questions("qa2")) == 1000  # the untouched files still load
+    finally:
+        babi._shipped_text.cache_clear()

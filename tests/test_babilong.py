@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
+import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
 
+import sinkwindow
 from sinkwindow.eval import haystack
-from sinkwindow.eval.babi import BABI_TASKS, BabiSample, load_babi_file
+from sinkwindow.eval.babi import BABI_TASKS, BabiSample, babi_sample, load_babi_file, shipped_babi_dir
 from sinkwindow.eval.babilong import (
     DEFAULT_PROMPTS,
     LENGTHS,
     TASK_LABELS,
     babilong_compare_answers,
+    babilong_data_kind,
+    babilong_length_name,
     babilong_score,
     format_babilong_prompt,
     generate_babilong,
@@ -241,9 +248,11 @@ def test_compare_answers_comma_targets():
 
 
 @needs_essays
+@pytest.mark.parametrize("facts", ["real", "generated"])
 @pytest.mark.parametrize("task", BABI_TASKS)
-def test_zero_k_is_the_facts_alone(task, bpe):
-    for sample in generate_babilong(task, bpe, 0, 5, seed=3):
+def test_zero_k_is_the_facts_alone(task, facts, bpe):
+    for sample in generate_babilong(task, bpe, 0, 5, seed=3, facts=facts):
+        assert sample.metadata["facts"] == facts
         assert sample.context == " ".join(sample.facts)
         assert sample.prompt == format_babilong_prompt(task, sample.context, sample.question)
         assert sample.prompt.endswith("Question: " + sample.question.strip())
@@ -293,11 +302,12 @@ def test_deterministic_per_seed(bpe):
 
 
 @needs_essays
-def test_max_n_facts_filter(bpe):
+@pytest.mark.parametrize("facts", ["real", "generated"])
+def test_max_n_facts_filter(facts, bpe):
     # At 1K, BABILong drops samples with more than (1000 - 300) // 8 - 1 = 86 facts.
-    samples = generate_babilong("qa3", bpe, 1000, 30, seed=2)
+    samples = generate_babilong("qa3", bpe, 1000, 30, seed=2, facts=facts)
     assert all(len(s.facts) <= 86 for s in samples)
-    assert max(len(s.facts) for s in generate_babilong("qa3", bpe, 0, 30, seed=2)) > 0
+    assert max(len(s.facts) for s in generate_babilong("qa3", bpe, 0, 30, seed=2, facts=facts)) > 86
 
 
 def test_rebuilt_0k_set_from_real_files(bpe):
@@ -336,3 +346,224 @@ def test_source_task_mismatch_rejected(bpe):
         generate_babilong("qa1", bpe, 0, None, source=[BabiSample("qa2", ["x."], "q", "a")])
     with pytest.raises(ValueError):
         generate_babilong("qa9", bpe, 0, 1)
+
+
+# Real facts by default: the shipped bAbI en-10k test files and BABILong's 100-question subset
+
+SHIPPED = Path(sinkwindow.__file__).resolve().parent / "eval" / "data" / "babi"
+TEST_FILES = {
+    "qa1": "qa1_single-supporting-fact_test.txt",
+    "qa2": "qa2_two-supporting-facts_test.txt",
+    "qa3": "qa3_three-supporting-facts_test.txt",
+    "qa4": "qa4_two-arg-relations_test.txt",
+    "qa5": "qa5_three-arg-relations_test.txt",
+}
+# sha256 of the upstream files (bAbI v1.2 release, en-10k; booydar/babilong data/test_100_idxs.json).
+UPSTREAM_SHA256 = {
+    "qa1_single-supporting-fact_test.txt": "55acf66cef2f6d798e2aa1d056e1ec8f24e910ea9215b639450574321132959b",
+    "qa2_two-supporting-facts_test.txt": "eff93fb9cd81ba02eb765772cf7cc269769ed44ec71cbbbc19cfb16ee5eba0f6",
+    "qa3_three-supporting-facts_test.txt": "17795c977100baf8188f386522ae301b62d6c1a13efc01b3aea781e588b4d57f",
+    "qa4_two-arg-relations_test.txt": "07f0ca18ddeea9eed4ba6d59e162adcb0ce44815721114b3540d92825509331e",
+    "qa5_three-arg-relations_test.txt": "ec825c1c8a76e63a31f0d7a7763cd63740e98332fa9bdf246a19068949bd5f97",
+    "test_100_idxs.json": "aa0a2a8cc8e4d52a9a16913aab7e02bed3b0d114fa08a7c42b153473105e2540",
+}
+
+
+def babilong_reference_questions(text: str) -> list[tuple[list[str], str, str]]:
+    """BABILong's get_dataset_df + TaskDataset, in plain code: (facts, question, answer) per question.
+
+    A line numbered 1 starts a story; a line with a TAB is a question (text before the first TAB,
+    trailing space kept; answer after it); every fact of the story before a question is kept and
+    earlier questions are dropped. Index i is the file's i-th question.
+    """
+    out, story = [], []
+    for line in text.strip().split("\n"):
+        number, rest = line.split(" ", 1)
+        if int(number) == 1:
+            story = []
+        if "\t" in rest:
+            out.append((list(story), rest.split("\t")[0], rest.split("\t")[1]))
+        else:
+            story.append(rest)
+    return out
+
+
+def babilong_reference_prompt(task: str, facts: list[str], question: str) -> str:
+    """BABILong's 0K input (each fact encoded as ' ' + fact, joined, stripped) in get_formatted_input."""
+    instruction, examples, post_prompt = SPEC[task]
+    context = "".join(" " + fact for fact in facts).strip()
+    template = "{instruction}\n\n{examples}\n\n{post_prompt}\n\n<context>\n{context}\n</context>\n\nQuestion: {question}"
+    return template.format(
+        instruction=instruction,
+        examples=examples,
+        post_prompt=post_prompt,
+        context=context.strip(),
+        question=question,
+    ).strip()
+
+
+@pytest.mark.parametrize("task", BABI_TASKS)
+def test_default_0k_prompts_equal_babilong_construction(task, bpe):
+    indices = json.loads((SHIPPED / "test_100_idxs.json").read_text())[task]
+    reference = babilong_reference_questions((SHIPPED / TEST_FILES[task]).read_text(encoding="utf-8"))
+    assert len(reference) == 1000 and len(indices) == 100
+    built = generate_babilong(task, bpe, 0, 100)  # no source, no facts=: the defaults
+    for i, sample in enumerate(built):
+        facts, question, answer = reference[indices[i]]
+        assert sample.prompt == babilong_reference_prompt(task, facts, question), (task, i)
+        assert (sample.question, sample.target, sample.facts) == (question, answer, facts)
+        assert sample.metadata["facts"] == "real"
+        assert sample.metadata["babi_index"] == indices[i] and sample.metadata["babilong_subset"]
+
+
+def test_default_first_qa1_sample_is_the_published_one(bpe):
+    # RMT-team/babilong 0k qa1[0], as BABILong's notebook prints it.
+    (first,) = generate_babilong("qa1", bpe, 0, 1)
+    assert first.context == (
+        "John travelled to the hallway. Mary journeyed to the bathroom. "
+        "Daniel went back to the bathroom. John moved to the bedroom."
+    )
+    assert (first.question, first.target) == ("Where is Mary? ", "bathroom")
+
+
+def test_past_100_further_test_questions_in_file_order(bpe):
+    indices = json.loads((SHIPPED / "test_100_idxs.json").read_text())["qa1"]
+    samples = generate_babilong("qa1", bpe, 0, 130)
+    got = [s.metadata["babi_index"] for s in samples]
+    assert got[:100] == indices
+    assert got[100:] == [i for i in range(1000) if i not in set(indices)][:30]
+    assert [s.metadata["babilong_subset"] for s in samples] == [True] * 100 + [False] * 30
+    assert len(generate_babilong("qa1", bpe, 0, None)) == 1000
+    with pytest.raises(ValueError, match="--babilong-facts generated"):
+        generate_babilong("qa1", bpe, 0, 1001)
+
+
+@needs_essays
+def test_questions_that_do_not_fit_are_skipped_in_order(bpe):
+    indices = json.loads((SHIPPED / "test_100_idxs.json").read_text())["qa3"]
+    reference = babilong_reference_questions((SHIPPED / TEST_FILES["qa3"]).read_text(encoding="utf-8"))
+    samples = generate_babilong("qa3", bpe, 1000, 30, seed=5)
+    got = [s.metadata["babi_index"] for s in samples]
+    assert len(got) == 30 and all(s.metadata["babilong_subset"] for s in samples)
+    # Taken in the subset's order; each one passed over has too many facts for 1K.
+    positions = [indices.index(i) for i in got]
+    assert positions == sorted(positions)
+    skipped = [i for i in indices[: positions[-1]] if i not in got]
+    assert skipped, "the first qa3 questions include some that do not fit 1K"
+    for i in skipped:
+        facts = reference[i][0]
+        assert len(facts) + 1 > 700 // 8 or sum(n_tokens(bpe, " " + f) for f in facts) > 700
+    for sample in samples:
+        assert (sample.facts, sample.question) == reference[sample.metadata["babi_index"]][:2]
+
+
+def test_generated_facts_still_available(bpe):
+    samples = generate_babilong("qa2", bpe, 0, 4, seed=7, facts="generated")
+    for i, sample in enumerate(samples):
+        expected = babi_sample("qa2", i, 7)
+        assert (sample.facts, sample.question, sample.target) == (
+            expected.facts,
+            expected.question,
+            expected.answer,
+        )
+        assert sample.metadata["facts"] == "generated" and sample.metadata["babi_index"] is None
+    real = generate_babilong("qa2", bpe, 0, 4, seed=7)
+    assert [s.prompt for s in real] != [s.prompt for s in samples]
+    with pytest.raises(ValueError, match="facts"):
+        generate_babilong("qa2", bpe, 0, 4, facts="made-up")
+    with pytest.raises(ValueError, match="source"):
+        generate_babilong("qa2", bpe, 0, 4, facts="generated", source=SHIPPED)
+
+
+def test_shipped_files_match_recorded_sha256():
+    recorded = json.loads((SHIPPED / "PROVENANCE.json").read_text())["files"]
+    on_disk = {p.name for p in SHIPPED.iterdir()} - {"PROVENANCE.json", "README.md"}
+    assert set(recorded) == on_disk
+    for name, entry in recorded.items():
+        data = (SHIPPED / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], name
+        assert len(data) == entry["bytes"], name
+    for name, sha in UPSTREAM_SHA256.items():
+        assert recorded[name]["sha256"] == sha, name
+
+
+def test_shipped_files_equal_the_shared_copies():
+    pairs = [(DATA / "babi_v1.2" / "en-10k" / f, SHIPPED / f) for f in TEST_FILES.values()]
+    pairs.append((DATA / "test_100_idxs.json", SHIPPED / "test_100_idxs.json"))
+    pairs.append((DATA / "babi_v1.2" / "LICENSE.txt", SHIPPED / "LICENSE-bAbI.txt"))
+    if not all(a.exists() for a, _ in pairs):
+        pytest.skip(f"real bAbI data not found under {DATA} (../shared/data/babi relative to the repo root)")
+    for shared, shipped in pairs:
+        assert shared.read_bytes() == shipped.read_bytes(), shipped.name
+
+
+def test_attribution_ships_with_the_data():
+    readme = (SHIPPED / "README.md").read_text()
+    for needle in (
+        "CC BY 3.0",
+        "Facebook",
+        "Weston",
+        "arXiv:1502.05698",
+        "Apache License 2.0",
+        "booydar/babilong",
+    ):
+        assert needle in readme, needle
+    assert "Attribution 3.0 Unported" in (SHIPPED / "LICENSE-bAbI.txt").read_text()
+    # Every file there is covered by the package-data globs, so the wheel carries it.
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["sinkwindow"]
+    for path in SHIPPED.iterdir():
+        assert any(fnmatch.fnmatch(path.name, g.split("/")[-1]) for g in globs), path.name
+
+
+def test_package_data_found_without_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing relative to the working directory or ../shared
+    folder = Path(str(shipped_babi_dir())).resolve()
+    assert folder == SHIPPED
+    assert folder.is_relative_to(Path(sinkwindow.__file__).resolve().parent)
+    from sinkwindow.eval.babi import babilong_questions
+
+    for task in BABI_TASKS:
+        assert len(babilong_questions(task)) == 1000
+
+
+def test_babilong_data_folders(tmp_path, bpe):
+    # A bAbI folder (release layout with en-10k/) gives the same samples as the shipped files.
+    babi = tmp_path / "babi"
+    (babi / "en-10k").mkdir(parents=True)
+    shutil.copy(SHIPPED / TEST_FILES["qa4"], babi / "en-10k" / TEST_FILES["qa4"])
+    assert babilong_data_kind(babi) == "babi"
+    from_folder = generate_babilong("qa4", bpe, 0, 5, source=babi)
+    assert [s.prompt for s in from_folder] == [s.prompt for s in generate_babilong("qa4", bpe, 0, 5)]
+    assert from_folder[0].metadata["source"] == str(babi)
+    # A BABILong JSON folder as the hub ships it: data/qaN/{length}.json, published samples verbatim.
+    hub = tmp_path / "hub"
+    (hub / "data" / "qa1").mkdir(parents=True)
+    records = [
+        {
+            "input": "Old text. Mary went to the kitchen. More text.",
+            "question": "Where is Mary? ",
+            "target": "kitchen",
+        },
+        {"input": "John moved to the office. Filler.", "question": "Where is John? ", "target": "office"},
+    ]
+    (hub / "data" / "qa1" / "1k.json").write_text(json.dumps(records))
+    assert babilong_data_kind(hub) == "babilong-json"
+    published = generate_babilong("qa1", bpe, 1024, None, source=hub, keep_context=True)
+    assert [s.context for s in published] == [r["input"] for r in records]
+    assert published[1].prompt.endswith(
+        "John moved to the office. Filler.\n</context>\n\nQuestion: Where is John?"
+    )
+    with pytest.raises(ValueError, match="0k.json"):
+        generate_babilong("qa1", bpe, 0, 1, source=hub)
+    with pytest.raises(ValueError, match="at most 2"):
+        generate_babilong("qa1", bpe, 1000, 3, source=hub, keep_context=True)
+    with pytest.raises(ValueError, match="neither"):
+        babilong_data_kind(tmp_path)
+    with pytest.raises(ValueError, match="not a folder"):
+        babilong_data_kind(tmp_path / "missing")
+    assert [babilong_length_name(n) for n in (0, 1000, 1024, 2048, 4000, 1_000_000)] == [
+        "0k", "1k", "1k", "2k", "4k", "1M",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="BABILong lengths"):
+        babilong_length_name(512)

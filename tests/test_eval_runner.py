@@ -158,17 +158,28 @@ def test_report_numbers_come_from_the_rows(tmp_path):
         )
     s = summarize(rows)
     acc = s["accuracy"]["niah_single_2"]
-    assert acc["full"][512] == {"mean": 100.0, "n": 2} and acc["full"][1024] == {"mean": 50.0, "n": 2}
+
+    def pick(cell):
+        return cell["mean"], cell["n"]
+
+    assert pick(acc["full"][512]) == (100.0, 2) and pick(acc["full"][1024]) == (50.0, 2)
     assert acc["swa:64:4"][512]["mean"] == 50.0 and acc["swa:64:4"][1024]["mean"] == 0.0
-    assert s["accuracy"]["babilong"]["full"][0] == {"mean": 50.0, "n": 2}
+    assert pick(s["accuracy"]["babilong"]["full"][0]) == (50.0, 2)
+    # Wilson 95% by hand: 2/2 -> [34.2, 100], 1/2 -> [9.5, 90.5], 0/2 -> [0, 65.8] (%).
+    assert math.isclose(acc["full"][512]["lo"], 34.237, abs_tol=1e-3) and acc["full"][512]["hi"] == 100.0
+    assert math.isclose(acc["swa:64:4"][512]["lo"], 9.453, abs_tol=1e-3)
     assert math.isclose(s["ppl"]["full"][256]["ppl"], math.exp(2.0))
     assert math.isclose(s["ppl_buckets"]["full"][256][128], math.exp(3.0))
 
     store = ResultsStore(tmp_path, {"model": "m", "methods": ["full", "swa:64:4"], "seed": 0, "samples": 2})
     store.extend(rows)
     md = write_report(tmp_path).read_text()
-    # full averages 75 over lengths, swa 25: recovery 33.3%.
-    assert "| swa:64:4 | 50.0 <sub>n=2</sub> | 0.0 <sub>n=2</sub> | 25.0 | 33.3% |" in md
+    # full averages 75 over lengths, swa 25: recovery 33.3%. The average's bootstrap can only
+    # draw 0, 25 or 50 (the 1024 cell is all 0); recovery replicates range over [0, 100].
+    assert (
+        "| swa:64:4 | 50.0 [9.5, 90.5] <sub>n=2</sub> | 0.0 [0.0, 65.8] <sub>n=2</sub> | 25.0 [0.0, 50.0] "
+        "| 33.3% [0.0, 100.0] |"
+    ) in md
     for png in ("accuracy_vs_context.png", "niah_depth_heatmap.png", "ppl_by_position.png"):
         assert (tmp_path / png).stat().st_size > 1000
     assert "<table>" in (tmp_path / "report.html").read_text()
@@ -179,3 +190,62 @@ def test_config_rejects_unknown_tasks_and_untrained_baselines():
         _config(tasks=["niah_multi"])
     with pytest.raises(ValueError, match="sinkwindow train"):
         _config(methods=["full", "lolcats:64"])
+
+
+def test_babilong_fact_source_lands_in_config_and_rows(tiny_pair, tmp_path):
+    from sinkwindow.eval.babi import babi_sample, babilong_questions
+
+    runs = {}
+    for facts in ("real", "generated"):
+        cfg = _config(
+            methods=["full"], tasks=["babilong_qa1"], babilong_lengths=[0], samples=3, babilong_facts=facts
+        )
+        runs[facts] = run_eval(cfg, tmp_path / facts, model_and_tokenizer=tiny_pair, progress=False).rows()
+        saved = json.loads((tmp_path / facts / "config.json").read_text())
+        assert saved["babilong_facts"] == facts and saved["babilong_data"] is None
+        from_generator = [d for d in saved["deviations"] if "seeded bAbI generator" in d]
+        assert len(from_generator) == (facts == "generated")
+    real = [(q.question, q.answer) for q in babilong_questions("qa1")[:3]]
+    generated = [(s.question, s.answer) for s in (babi_sample("qa1", i, 42) for i in range(3))]
+    assert [(r["question"], r["answer"]) for r in runs["real"]] == real
+    assert [(r["question"], r["answer"]) for r in runs["generated"]] == generated
+    assert real != generated
+
+
+def test_config_checks_the_babilong_fact_flags(tmp_path):
+    with pytest.raises(ValueError, match="babilong_facts"):
+        _config(babilong_facts="fake")
+    with pytest.raises(ValueError, match="not a folder"):
+        _config(babilong_data=str(tmp_path / "missing"))
+    (tmp_path / "qa1_single-supporting-fact_test.txt").write_text(
+        "1 Mary went to the kitchen.\n2 Where is Mary? \tkitchen\t1\n"
+    )
+    with pytest.raises(ValueError, match="--babilong-facts real"):
+        _config(babilong_data=str(tmp_path), babilong_facts="generated")
+    assert _config(babilong_data=tmp_path).babilong_data == str(tmp_path)
+    # Past 100 samples, the deviations say where the extra questions come from.
+    from sinkwindow.eval.runner import _deviations
+
+    assert any("100-question subset" in d for d in _deviations(_config(samples=101)))
+    assert not any("100-question subset" in d for d in _deviations(_config(samples=100)))
+
+
+def test_cli_babilong_facts_flags(tiny_pair, tmp_path, capsys):
+    from sinkwindow.cli import build_parser, main
+
+    model, tok = tiny_pair
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    base = ["eval", "babilong", "--model", str(tmp_path / "model"), "--methods", "full"]
+    base += ["--tasks", "babilong_qa2", "--lengths", "0", "--samples", "1", "--no-progress"]
+    assert main([*base, "--babilong-facts", "generated", "--out", str(tmp_path / "gen")]) == 0
+    saved = json.loads((tmp_path / "gen" / "config.json").read_text())
+    assert saved["babilong_facts"] == "generated"
+    assert any("seeded bAbI generator" in d for d in saved["deviations"])
+    capsys.readouterr()
+    assert main([*base, "--babilong-data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sinkwindow: error: --babilong-data") and "\n" not in err
+    args = build_parser().parse_args(["compare", "--babilong-facts", "generated", "--babilong-data", "d"])
+    assert (args.babilong_facts, args.babilong_data) == ("generated", "d")
+    assert build_parser().parse_args(["compare"]).babilong_facts == "real"

@@ -28,20 +28,30 @@ public test files; :mod:`tests.test_babi` compares the generated statistics with
 The loaders read real bAbI v1.2 text files and BABILong JSON files into the same
 :class:`BabiSample` structure: one sample per question, holding every fact line of its story
 before the question (earlier questions dropped), as BABILong's ``get_dataset_df`` does.
+
+The released en-10k test files of qa1-qa5 and BABILong's ``test_100_idxs.json`` ship with the
+package (``sinkwindow/eval/data/babi/``, attribution and sha256s in its README.md and
+PROVENANCE.json); :func:`babilong_questions` reads them in BABILong's order.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 __all__ = [
     "ACTORS",
+    "BABILONG_SUBSET_SIZE",
     "BABI_TASKS",
+    "BABI_TEST_FILES",
     "DIRECTIONS",
     "DROP_VERBS",
     "GET_VERBS",
@@ -53,16 +63,31 @@ __all__ = [
     "BabiLine",
     "BabiSample",
     "babi_sample",
+    "babilong_questions",
+    "babilong_subset",
     "extract_facts",
+    "find_babi_test_file",
     "generate_babi",
     "generate_babi_stories",
     "load_babi_file",
     "load_babilong_json",
     "parse_babi_stories",
+    "shipped_babi_dir",
     "story_to_samples",
 ]
 
 BABI_TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
+
+# Test-file names of the v1.2 release (tasks_1-20_v1-2/en-10k/), as shipped in data/babi/.
+BABI_TEST_FILES: dict[str, str] = {
+    "qa1": "qa1_single-supporting-fact_test.txt",
+    "qa2": "qa2_two-supporting-facts_test.txt",
+    "qa3": "qa3_three-supporting-facts_test.txt",
+    "qa4": "qa4_two-arg-relations_test.txt",
+    "qa5": "qa5_three-arg-relations_test.txt",
+}
+BABILONG_SUBSET_FILE = "test_100_idxs.json"
+BABILONG_SUBSET_SIZE = 100
 
 # Vocabulary of the public v1.2 data (en/ and en-10k/, qa1-qa5).
 ACTORS: dict[str, tuple[str, ...]] = {
@@ -138,6 +163,9 @@ class BabiSample:
         support: Supporting facts as 0-based indices into ``facts`` (empty when unknown).
         context: A published BABILong ``input`` (facts hidden in background text), when loaded
             from a BABILong JSON file; ``None`` otherwise.
+        index: Position of the question in the file it was loaded from (0-based, questions
+            only, the index BABILong's ``TaskDataset`` and ``test_100_idxs.json`` use); ``None``
+            for generated samples.
     """
 
     task: str
@@ -146,6 +174,7 @@ class BabiSample:
     answer: str
     support: tuple[int, ...] = ()
     context: str | None = None
+    index: int | None = None
 
     @property
     def input(self) -> str:
@@ -472,12 +501,97 @@ def load_babi_file(
     """
     path = Path(path)
     task = _task(task) if task is not None else _task_from_path(path)
-    samples = []
-    for story in parse_babi_stories(path.read_text(encoding="utf-8")):
-        samples.extend(story_to_samples(task, story))
+    samples = _text_samples(task, path.read_text(encoding="utf-8"))
     if max_n_facts is not None:
         samples = [s for s in samples if len(s.facts) + 1 <= max_n_facts]
     return samples
+
+
+def _text_samples(task: str, text: str) -> list[BabiSample]:
+    samples = []
+    for story in parse_babi_stories(text):
+        samples.extend(story_to_samples(task, story))
+    for i, sample in enumerate(samples):
+        sample.index = i
+    return samples
+
+
+def shipped_babi_dir() -> Traversable:
+    """The bAbI data that ships with the package (``sinkwindow/eval/data/babi``).
+
+    It holds the five en-10k test files (:data:`BABI_TEST_FILES`), BABILong's
+    ``test_100_idxs.json``, their licenses and ``PROVENANCE.json`` (source and sha256 of each).
+    """
+    return resources.files("sinkwindow.eval").joinpath("data", "babi")
+
+
+@functools.cache
+def _shipped_text(name: str) -> str:
+    """A shipped file's text, after checking its sha256 against PROVENANCE.json."""
+    folder = shipped_babi_dir()
+    expected = json.loads(folder.joinpath("PROVENANCE.json").read_text(encoding="utf-8"))["files"][name]
+    data = folder.joinpath(name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise ValueError(
+            f"packaged bAbI file {name} does not match its sha256 in PROVENANCE.json; reinstall sinkwindow"
+        )
+    return data.decode("utf-8")
+
+
+def find_babi_test_file(folder: str | Path, task: str) -> Path | None:
+    """The ``{task}_*_test.txt`` file in a bAbI folder, or ``None``.
+
+    ``folder`` may hold the files itself, or be a release root with ``en-10k/`` (or
+    ``tasks_1-20_v1-2/en-10k/``) below it.
+    """
+    task = _task(task)
+    folder = Path(folder)
+    for where in (folder, folder / "en-10k", folder / "tasks_1-20_v1-2" / "en-10k"):
+        found = sorted(where.glob(f"{task}_*_test.txt"))
+        if found:
+            return found[0]
+    return None
+
+
+def babilong_subset(folder: str | Path | None = None) -> dict[str, list[int]]:
+    """BABILong's ``test_100_idxs.json``: per task, 100 question indices into the test file.
+
+    Read from ``folder`` when it holds a ``test_100_idxs.json``, else from the shipped copy.
+    """
+    if folder is not None and (Path(folder) / BABILONG_SUBSET_FILE).is_file():
+        data = json.loads((Path(folder) / BABILONG_SUBSET_FILE).read_text(encoding="utf-8"))
+    else:
+        data = json.loads(_shipped_text(BABILONG_SUBSET_FILE))
+    return {task: [int(i) for i in data[task]] for task in BABI_TASKS if task in data}
+
+
+def babilong_questions(task: str, folder: str | Path | None = None) -> list[BabiSample]:
+    """Every test question of ``task`` in BABILong's order, each with the facts before it.
+
+    BABILong evaluates the ``test_100_idxs.json`` questions of the en-10k test file: its sample
+    ``i`` is the question at ``test_100_idxs[task][i]`` (an index over the file's questions),
+    with every fact of its story before it. Those 100 come first here, in that order; the test
+    file's other questions follow in file order, for runs of more than 100 samples. Each
+    sample's :attr:`BabiSample.index` is its position in the file.
+
+    Args:
+        task: ``"qa1"`` ... ``"qa5"``.
+        folder: A bAbI folder to read instead of the shipped files (see
+            :func:`find_babi_test_file`; its own ``test_100_idxs.json`` is used if present).
+    """
+    task = _task(task)
+    if folder is None:
+        samples = _text_samples(task, _shipped_text(BABI_TEST_FILES[task]))
+    else:
+        path = find_babi_test_file(folder, task)
+        if path is None:
+            raise FileNotFoundError(f"no {task}_*_test.txt in {folder} (nor in its en-10k/)")
+        samples = load_babi_file(path, task)
+    chosen = babilong_subset(folder)[task]
+    if len(set(chosen)) != len(chosen) or not all(0 <= i < len(samples) for i in chosen):
+        raise ValueError(f"{BABILONG_SUBSET_FILE} holds {task} indices outside its {len(samples)} questions")
+    taken = set(chosen)
+    return [samples[i] for i in chosen] + [s for i, s in enumerate(samples) if i not in taken]
 
 
 _FACT_PATTERNS = (
@@ -533,7 +647,7 @@ def load_babilong_json(path: str | Path, task: str | None = None) -> list[BabiSa
     task = _task(task)
     return [
         BabiSample(
-            task, extract_facts(record["input"]), record["question"], record["target"], (), record["input"]
+            task, extract_facts(record["input"]), record["question"], record["target"], (), record["input"], i
         )
-        for record in data
+        for i, record in enumerate(data)
     ]

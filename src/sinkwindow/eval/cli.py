@@ -87,6 +87,25 @@ def _add_common(p: argparse.ArgumentParser, methods_default: str) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--babilong-facts",
+        choices=["real", "generated"],
+        default="real",
+        help="BABILong facts: the released bAbI test questions BABILong uses (shipped; 1,000 per task, "
+        "its 100-question subset first) or sinkwindow's seeded generator (any number, recorded as a "
+        "deviation) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--babilong-data",
+        default=None,
+        metavar="PATH",
+        help="BABILong data instead of the shipped files: a BABILong JSON folder as the hub dataset "
+        "ships it (data/qa1/0k.json ...; published samples used as they are) or a bAbI folder "
+        "(qa1_*_test.txt ...)",
+    )
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .report import write_report
     from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig, run_eval
@@ -109,6 +128,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         niah_max_new_tokens=None if args.niah_max_new_tokens == 0 else args.niah_max_new_tokens,
         native_sliding=args.native_sliding,
         checkpoints=_checkpoints(args.checkpoint),
+        babilong_facts=getattr(args, "babilong_facts", "real"),
+        babilong_data=getattr(args, "babilong_data", None),
     )
     store = run_eval(cfg, args.out, progress=not args.no_progress)
     path = write_report(args.out)
@@ -132,6 +153,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         native_sliding=args.native_sliding,
         checkpoints=checkpoints,
+        babilong_facts=args.babilong_facts,
+        babilong_data=args.babilong_data,
         **COMPARE_SIZES[size],
     )
     if args.samples:
@@ -205,6 +228,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument(
             "--niah-max-new-tokens", type=int, default=128, help="NIAH decode cap; 0 = answer length + 16"
         )
+        if family == "babilong":
+            _add_babilong_facts(q)
         q.add_argument("--out", required=True, help="run folder (resumes if it exists)")
         q.set_defaults(func=_cmd_eval, family=family)
     try:
@@ -228,6 +253,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--short-data", default=None, help="folder with the six short tasks' JSONL (adds an lm-eval section)"
     )
     p.add_argument("--short-limit", type=int, default=100, help="items per short task (default: %(default)s)")
+    _add_babilong_facts(p)
     p.add_argument(
         "--out", default="runs/compare", help="run folder (default: %(default)s; resumes if it exists)"
     )

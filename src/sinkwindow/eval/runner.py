@@ -20,10 +20,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..linear.adapters import shipped_adapter
 from ..models import load
-from ..patch import apply, make_cache
+from ..patch import make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec, parse_spec
+from ..switch import use_method
 from .results import ResultsStore
 
 __all__ = ["EvalConfig", "run_eval", "ALL_TASKS", "NIAH_TASKS", "BABILONG_TASKS", "greedy_generate"]
@@ -50,6 +52,12 @@ class EvalConfig:
         checkpoints: trained checkpoints for linear baselines, by method string.
         babilong_chat: wrap BABILong prompts in the model's chat template (BABILong does this for
             instruct models).
+        babilong_facts: ``"real"``: BABILong's bAbI test questions (the shipped en-10k files,
+            BABILong's 100-question subset first, then the other test questions in file order);
+            ``"generated"``: sinkwindow's seeded bAbI generator (recorded as a deviation).
+        babilong_data: a folder replacing the shipped files: a bAbI folder (``qaN_*_test.txt``)
+            or a BABILong JSON folder as the hub dataset ships it (``[data/]qa1/0k.json``),
+            whose published samples are used verbatim. Needs ``babilong_facts="real"``.
     """
 
     model: str = "smollm2-135m"
@@ -67,9 +75,20 @@ class EvalConfig:
     native_sliding: str = "override"
     checkpoints: dict[str, str] = field(default_factory=dict)
     ppl_bucket: int = 128
+    babilong_facts: str = "real"
+    babilong_data: str | None = None
 
     def __post_init__(self) -> None:
         self.methods = [str(parse_spec(m)) for m in self.methods]
+        if self.babilong_facts not in ("real", "generated"):
+            raise ValueError(f"babilong_facts must be 'real' or 'generated', got {self.babilong_facts!r}")
+        if self.babilong_data is not None:
+            if self.babilong_facts != "real":
+                raise ValueError("--babilong-data holds real facts: drop it, or use --babilong-facts real")
+            from .babilong import babilong_data_kind
+
+            babilong_data_kind(self.babilong_data)  # a one-line error now, not after the model loads
+            self.babilong_data = str(self.babilong_data)
         unknown = [t for t in self.tasks if t not in ALL_TASKS]
         if unknown:
             raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(ALL_TASKS)}")
@@ -77,7 +96,7 @@ class EvalConfig:
             raise ValueError("samples and ppl_windows must be positive")
         for m in self.methods:
             spec = parse_spec(m)
-            if spec.is_linear and m not in self.checkpoints:
+            if spec.is_linear and m not in self.checkpoints and shipped_adapter(self.model, spec) is None:
                 raise ValueError(
                     f"method {m} is a trained baseline: give its checkpoint (--checkpoint {m}=PATH); "
                     f"train one with `sinkwindow train --method {m}`"
@@ -131,19 +150,13 @@ class _MethodSwitch:
         self.current: MethodSpec | None = None
 
     def use(self, method: str):
-        spec = parse_spec(method)
-        if self.current is not None and self.current.is_linear:
-            from ..linear import revert
-
-            revert(self.model)
-        apply(self.model, "full")
-        if spec.is_linear:
-            from ..linear import load_linear
-
-            self.model = load_linear(self.model, spec, self.config.checkpoints[method])
-        elif not spec.is_full:
-            apply(self.model, spec, native_sliding=self.config.native_sliding)
-        self.current = spec
+        self.model = use_method(
+            self.model,
+            method,
+            checkpoint=self.config.checkpoints.get(method),
+            native_sliding=self.config.native_sliding,
+        )
+        self.current = parse_spec(method)
         return self.model
 
 
@@ -155,8 +168,16 @@ def _build_samples(task: str, tokenizer, length: int, config: EvalConfig):
     if task in BABILONG_TASKS:
         from .babilong import generate_babilong
 
+        # A data folder's published contexts (BABILong JSON) are used as they are.
         return generate_babilong(
-            task.removeprefix("babilong_"), tokenizer, length, config.samples, seed=config.seed
+            task.removeprefix("babilong_"),
+            tokenizer,
+            length,
+            config.samples,
+            seed=config.seed,
+            source=config.babilong_data,
+            facts=config.babilong_facts,
+            keep_context=config.babilong_data is not None,
         )
     raise ValueError(task)
 
@@ -324,14 +345,30 @@ def _deviations(config: EvalConfig) -> list[str]:
         )
     if any(t in BABILONG_TASKS for t in config.tasks):
         try:
-            from .babilong import DEVIATIONS
-
-            out.extend(f"BABILong: {d}" for d in DEVIATIONS)
+            from .babilong import DEVIATIONS, babilong_data_kind
         except ImportError:
-            pass
-        out.append(
-            "BABILong facts come from sinkwindow's seeded bAbI generator (tasks 1-5), not the released test set"
-        )
+            DEVIATIONS = None
+        data = config.babilong_data
+        # Published samples (a BABILong JSON folder) are used verbatim: no rebuilding deviations.
+        if DEVIATIONS is not None and (data is None or babilong_data_kind(data) != "babilong-json"):
+            out.extend(f"BABILong: {d}" for d in DEVIATIONS)
+            lengths = config.babilong_lengths if config.babilong_lengths is not None else config.lengths
+            if config.babilong_facts == "generated":
+                out.append(
+                    "BABILong facts come from sinkwindow's seeded bAbI generator (tasks 1-5), not the "
+                    "released test set (--babilong-facts generated)"
+                )
+            else:
+                if any(length > 0 for length in lengths):
+                    out.append(
+                        "BABILong: at lengths above 0K a question whose facts do not fit is skipped and the "
+                        "next one taken, so sample i may be a different question than at 0K (qa3 mostly)"
+                    )
+                if config.samples > 100:
+                    out.append(
+                        "BABILong: samples past BABILong's 100-question subset are the test file's other "
+                        "questions in file order"
+                    )
     if any(t in NIAH_TASKS for t in config.tasks):
         try:
             from .niah import DEVIATIONS as NIAH_DEV

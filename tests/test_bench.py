@@ -20,7 +20,7 @@ from sinkwindow.bench import (
     analytic_state_bytes,
     build_synthetic,
     cache_lengths,
-    cache_tensor_bytes,
+    cache_nbytes,
     check_targets,
     load_rows,
     measure_decode,
@@ -90,11 +90,11 @@ def test_synthetic_rejects_impossible_sizes(kw):
 
 @pytest.mark.parametrize("n", [5, 15, 16, 37, 101], ids=lambda n: f"T{n}")
 @pytest.mark.parametrize("method", METHODS)
-def test_analytic_bytes_equal_cache_tensor_bytes(tiny, method, n):
+def test_analytic_bytes_equal_cache_nbytes(tiny, method, n):
     ids = random_ids(TINY.vocab, n)
     with runner_for(tiny, method) as runner:
         _, cache = runner.prefill(ids, chunk_size=8)
-        measured = cache_tensor_bytes(cache)
+        measured = cache_nbytes(cache)
         assert measured == runner.analytic_bytes(n)
         assert measured == analytic_state_bytes(parse_spec(method), tiny.config, n, dtype=torch.float32)
         assert cache.get_seq_length() == n
@@ -109,7 +109,7 @@ def test_fast_fill_leaves_the_cache_shapes_of_a_real_prefill(tiny, method):
         _, fast = runner.fill(ids, chunk_size=8)
         assert fast.get_seq_length() == real.get_seq_length() == n
         assert cache_lengths(fast) == cache_lengths(real)
-        assert cache_tensor_bytes(fast) == cache_tensor_bytes(real) == runner.analytic_bytes(n)
+        assert cache_nbytes(fast) == cache_nbytes(real) == runner.analytic_bytes(n)
         for a, b in zip(fast.layers, real.layers):
             for name in ("keys", "values", "S", "z"):
                 x, y = getattr(a, name, None), getattr(b, name, None)
@@ -149,17 +149,17 @@ def test_full_fill_holds_n_keys(tiny):
         assert cache.get_seq_length() == n
         assert cache.layers[0].keys.shape == (1, 2, n, 8)
         assert cache.layers[0].keys.is_contiguous()
-        assert cache_tensor_bytes(cache) == runner.analytic_bytes(n)
+        assert cache_nbytes(cache) == runner.analytic_bytes(n)
 
 
-def test_cache_tensor_bytes_counts_the_storage_a_view_pins(tiny):
+def test_cache_nbytes_counts_the_storage_a_view_pins(tiny):
     with runner_for(tiny, "full") as runner:
         _, cache = runner.prefill(random_ids(TINY.vocab, 20), chunk_size=8)
-        exact = cache_tensor_bytes(cache)
+        exact = cache_nbytes(cache)
         layer = cache.layers[0]
         big = torch.cat([layer.keys, layer.keys], dim=-2)
         layer.keys = big[..., :20, :]  # same numel as before, twice the storage
-        assert cache_tensor_bytes(cache) == exact + big.numel() * big.element_size() // 2
+        assert cache_nbytes(cache) == exact + big.numel() * big.element_size() // 2
 
 
 def test_analytic_bytes_are_flat_for_bounded_methods(tiny):
@@ -240,7 +240,7 @@ def test_interleaved_prefill_fills_each_cache_like_a_real_prefill(tiny):
     for row in rows:
         validate_row({**row, "model": "synthetic"})
         assert row["seq_length"] == row["context"] and row["kv_bytes"] == row["kv_bytes_analytic"]
-    assert rows[1]["kv_bytes"] == cache_tensor_bytes(real)
+    assert rows[1]["kv_bytes"] == cache_nbytes(real)
 
 
 def test_prefill_row_follows_the_schema(tiny):

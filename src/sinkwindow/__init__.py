@@ -11,12 +11,13 @@ Importing the package has no side effects; attention implementations are registe
 transformers the first time ``apply`` runs.
 """
 
-from .cache import SinkWindowCache, SinkWindowLayer, StaticSinkWindowCache
+from .cache import SinkWindowCache, SinkWindowLayer, cache_nbytes
 from .generate import DecodeStep, decode_speed, generate
 from .models import DEFAULT_MODEL, PACKAGED_MODELS, list_models, load
 from .patch import SUPPORTED_MODEL_TYPES, active_spec, apply, make_cache
 from .prefill import PrefillResult, prefill
 from .spec import MethodSpec, parse_spec
+from .static_cache import StaticSinkWindowCache
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "__version__",
     "StaticSinkWindowCache",
+    "cache_nbytes",
     "generate",
     "DecodeStep",
     "decode_speed",

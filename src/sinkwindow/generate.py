@@ -22,10 +22,11 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_masks_for_generate
 
-from .cache import SinkWindowCache, StaticSinkWindowCache
+from .cache import SinkWindowCache
 from .masks import token_positions
 from .patch import active_spec, apply, make_cache
 from .prefill import prefill
+from .static_cache import StaticSinkWindowCache
 
 __all__ = ["generate", "DecodeStep", "decode_speed", "select_next"]
 

@@ -29,10 +29,11 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from .cache import SinkWindowCache, StaticSinkWindowCache
+from .cache import SinkWindowCache
 from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
 from .rope import rope_for_model
 from .spec import MethodSpec, parse_spec
+from .static_cache import StaticSinkWindowCache
 
 __all__ = [
     "apply",

@@ -9,11 +9,12 @@ Imports the core (``sinkwindow``); the core never imports this package.
 Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``runner_for``
 (a method's setup and fast state fill), ``measure_decode`` / ``measure_prefill`` (one row each),
 ``measure_bandwidth`` / ``weight_bytes_per_token`` (the roofline), ``analytic_state_bytes`` /
-``cache_tensor_bytes`` / ``PeakMemory`` (memory), ``check_targets`` / ``write_report``.
+``cache_nbytes`` / ``PeakMemory`` (memory), ``check_targets`` / ``write_report``.
 """
 
+from ..cache import cache_lengths, cache_nbytes
 from .decode import measure_decode, measure_decode_interleaved, measure_paired
-from .memory import PeakMemory, analytic_state_bytes, cache_lengths, cache_tensor_bytes
+from .memory import PeakMemory, analytic_state_bytes
 from .methods import RUNNERS, MethodRunner, MethodUnavailable, runner_for
 from .prefill import measure_prefill, measure_prefill_interleaved
 from .report import ROW_FIELDS, check_targets, load_rows, markdown_report, validate_row, write_report
@@ -43,7 +44,7 @@ __all__ = [
     "roofline_ms",
     "PeakMemory",
     "analytic_state_bytes",
-    "cache_tensor_bytes",
+    "cache_nbytes",
     "cache_lengths",
     "ROW_FIELDS",
     "validate_row",

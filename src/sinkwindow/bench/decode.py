@@ -25,7 +25,8 @@ import time
 
 import torch
 
-from .memory import PeakMemory, cache_lengths, cache_tensor_bytes
+from ..cache import cache_lengths, cache_nbytes
+from .memory import PeakMemory
 from .methods import MethodRunner
 
 __all__ = ["measure_decode", "measure_decode_interleaved", "measure_paired", "synchronize", "random_ids"]
@@ -134,7 +135,7 @@ def measure_decode_interleaved(
             "fill_s": fill_s,
             "cache": cache,
             "token": logits.argmax(-1, keepdim=True),  # [batch, 1]
-            "kv_bytes": cache_tensor_bytes(cache),
+            "kv_bytes": cache_nbytes(cache),
             "lengths": cache_lengths(cache),
             "seq_length": int(cache.get_seq_length()),
             "mem": mem,
@@ -171,7 +172,7 @@ def measure_decode_interleaved(
                 "tokens_per_s": 1e3 / median_ms,
                 "kv_bytes": st["kv_bytes"],
                 "kv_bytes_analytic": runner.analytic_bytes(context),
-                "kv_bytes_end": cache_tensor_bytes(st["cache"]),
+                "kv_bytes_end": cache_nbytes(st["cache"]),
                 "kv_entries_per_layer": max(st["lengths"], default=0),
                 "seq_length": st["seq_length"],
                 "fill": "prefill" if st["real"] else "fill",
@@ -244,7 +245,7 @@ def measure_paired(
             with r:
                 logits, cache = r.prefill(ids, chunk_size) if real else r.fill(ids, chunk_size)
             state[i] = [logits.argmax(-1, keepdim=True), cache]
-        kv_bytes = [cache_tensor_bytes(state[i][1]) for i in (0, 1)]
+        kv_bytes = [cache_nbytes(state[i][1]) for i in (0, 1)]
         for step in range(warmup + steps):
             for i in (0, 1) if step % 2 == 0 else (1, 0):
                 with pair[i]:

@@ -3,7 +3,7 @@
 Three numbers per measurement, from the most to the least specific:
 
 - ``analytic_state_bytes``: what the method must hold at context n, from the config alone.
-- ``cache_tensor_bytes``: the bytes of the storages the cache object really holds (a view that
+- ``cache_nbytes``: the bytes of the storages the cache object really holds (a view that
   pins a larger buffer counts at the buffer's size, which is what memory pays).
 - ``PeakMemory``: the process's peak resident set over a block (Linux lets us reset the
   high-water mark through ``/proc/self/clear_refs``), or CUDA's ``max_memory_allocated``.
@@ -25,8 +25,6 @@ from ..spec import MethodSpec
 __all__ = [
     "PeakMemory",
     "analytic_state_bytes",
-    "cache_tensor_bytes",
-    "cache_lengths",
     "current_rss",
     "peak_rss",
     "reset_peak_rss",
@@ -124,43 +122,6 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             self.cuda_peak = int(torch.cuda.max_memory_allocated(self.device))
         self.peak_rss = peak_rss()
-
-
-def _layer_tensors(layer) -> list[torch.Tensor]:
-    out = []
-    for value in vars(layer).values():
-        items = value if isinstance(value, (tuple, list)) else (value,)
-        out.extend(t for t in items if isinstance(t, torch.Tensor))
-    return out
-
-
-def cache_tensor_bytes(cache) -> int:
-    """Bytes of the distinct tensor storages a transformers cache holds, all layers.
-
-    Counts every tensor attribute of every layer (keys and values; a linear-attention layer's
-    state), each storage once. For a contiguous cache this equals ``numel * element_size``.
-    """
-    seen: set[tuple[int, str]] = set()
-    total = 0
-    for layer in cache.layers:
-        for t in _layer_tensors(layer):
-            if t.numel() == 0:
-                continue
-            storage = t.untyped_storage()
-            key = (storage.data_ptr(), str(t.device))
-            if key not in seen:
-                seen.add(key)
-                total += storage.nbytes()
-    return total
-
-
-def cache_lengths(cache) -> list[int]:
-    """Key entries each layer persists right now (0 for layers without keys)."""
-    out = []
-    for layer in cache.layers:
-        keys = getattr(layer, "keys", None)
-        out.append(int(keys.shape[-2]) if isinstance(keys, torch.Tensor) and keys.ndim >= 2 else 0)
-    return out
 
 
 def kv_geometry(config) -> tuple[int, int, int, int]:

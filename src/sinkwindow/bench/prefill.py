@@ -16,9 +16,10 @@ import time
 
 import torch
 
+from ..cache import cache_lengths, cache_nbytes
 from ..prefill import prefill
 from .decode import random_ids, synchronize
-from .memory import PeakMemory, cache_lengths, cache_tensor_bytes
+from .memory import PeakMemory
 from .methods import MethodRunner
 
 __all__ = ["measure_prefill", "measure_prefill_interleaved", "warm_up_prefill"]
@@ -60,7 +61,7 @@ def measure_prefill(runner: MethodRunner, context: int, *, chunk_size: int = 512
         _, cache = runner.prefill(ids, chunk_size)
         synchronize(device)
         prefill_s = time.perf_counter() - t0
-        kv_bytes = cache_tensor_bytes(cache)
+        kv_bytes = cache_nbytes(cache)
         lengths = cache_lengths(cache)
         seq_length = int(cache.get_seq_length())
         del cache
@@ -145,7 +146,7 @@ def measure_prefill_interleaved(
                 "prefill_s": st["t"],
                 "ms_per_token": 1e3 * st["t"] / n,
                 "tokens_per_s": n / st["t"],
-                "kv_bytes": cache_tensor_bytes(cache),
+                "kv_bytes": cache_nbytes(cache),
                 "kv_bytes_analytic": runner.analytic_bytes(n),
                 "kv_entries_per_layer": max(cache_lengths(cache), default=0),
                 "seq_length": int(cache.get_seq_length()),

@@ -31,9 +31,11 @@ def _common(**extra):
 
 
 def tiny_config(family: str):
-    """A tiny config of ``family`` with GQA; Gemma 3 and Mistral keep native sliding layers."""
+    """A tiny config of ``family`` with GQA where the family has it; native sliding layers are kept
+    (Gemma 2/3, Mistral, Cohere 2, SmolLM3 has NoPE layers)."""
     import transformers as tf
 
+    sliding3 = ["sliding_attention", "sliding_attention", "full_attention"]
     if family == "llama":
         return tf.LlamaConfig(**_common())
     if family == "qwen2":
@@ -45,29 +47,118 @@ def tiny_config(family: str):
     if family == "phi3":
         return tf.Phi3Config(**_common(num_key_value_heads=2, original_max_position_embeddings=1024))
     if family == "gemma3_text":
-        return tf.Gemma3TextConfig(
+        return tf.Gemma3TextConfig(**_common(head_dim=8, sliding_window=12, layer_types=sliding3))
+    if family == "gemma2":
+        # Logit softcapping on both attention and output: the reference must softcap like the model.
+        return tf.Gemma2Config(
+            **_common(head_dim=8, sliding_window=12, layer_types=sliding3, attn_logit_softcapping=20.0)
+        )
+    if family == "gemma3":
+        # The multimodal wrapper: the decoder is its text model, reached through get_text_config().
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14)  # fmt: skip
+        text = _common(head_dim=8, sliding_window=12, layer_types=sliding3)
+        return tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    if family == "phi":
+        # Phi-1.5/2: partial rotary, parallel attention + MLP, LayerNorm, biases.
+        return tf.PhiConfig(**_common(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}))
+    if family == "olmo":
+        return tf.OlmoConfig(**_common(clip_qkv=8.0))
+    if family == "olmo2":
+        return tf.Olmo2Config(**_common())
+    if family == "granite":
+        return tf.GraniteConfig(
             **_common(
-                head_dim=8,
-                sliding_window=12,
-                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                embedding_multiplier=2.0,
+                residual_multiplier=0.5,
+                attention_multiplier=0.2,
+                logits_scaling=2.0,
             )
         )
+    if family == "gpt_neox":
+        # Pythia: fused query_key_value, no GQA, partial rotary, parallel residual.
+        return tf.GPTNeoXConfig(
+            **_common(
+                num_key_value_heads=None,
+                rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25},
+            )
+        )
+    if family == "smollm3":
+        return tf.SmolLM3Config(**_common(no_rope_layer_interval=3))
+    if family == "cohere":
+        return tf.CohereConfig(**_common(logit_scale=0.5, use_qk_norm=True))
+    if family == "mixtral":
+        return tf.MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2))
+    if family == "qwen3_moe":
+        return tf.Qwen3MoeConfig(
+            **_common(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        )
+    if family == "starcoder2":
+        return tf.Starcoder2Config(**_common())
+    if family == "glm":
+        return tf.GlmConfig(**_common(head_dim=8))
+    if family == "helium":
+        return tf.HeliumConfig(**_common(head_dim=8))
+    if family == "cohere2":
+        return tf.Cohere2Config(**_common(sliding_window=12, layer_types=sliding3))
+    if family == "gpt2":
+        # Learned absolute positions, fused c_attn (Conv1D), no GQA.
+        return tf.GPT2Config(
+            vocab_size=VOCAB, n_embd=48, n_layer=3, n_head=6, n_positions=1024, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2,
+        )  # fmt: skip
+    if family == "stablelm":
+        return tf.StableLmConfig(**_common())
     raise ValueError(family)
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text"]
+# Every family the runtime contract tests cover, one tiny config each (tiny_config). ``CORE_FAMILIES`` run
+# the whole matrix of lengths, chunk sizes and specs; the others one case of each contract, which keeps the
+# suite fast. SINKWINDOW_FULL_MATRIX=1 runs every family through the whole matrix (e.g. after a transformers
+# upgrade).
+FAMILIES = [
+    "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "gemma2", "gemma3", "phi", "olmo", "olmo2",
+    "granite", "gpt_neox", "smollm3", "cohere", "cohere2", "mixtral", "qwen3_moe", "starcoder2", "glm", "helium",
+    "gpt2",
+]  # fmt: skip
+CORE_FAMILIES = FAMILIES if os.environ.get("SINKWINDOW_FULL_MATRIX") else FAMILIES[:6]
+# Families transformers gives no SDPA path (``_supports_sdpa=False``; Gemma 2 softcaps its attention logits).
+EAGER_ONLY = {"gemma2"}
+IMPLS = ["sdpa", "eager"]
 
 
-def tiny_model(family: str = "llama", attn: str = "sdpa", seed: int = 0):
+def family_impls(families: list[str]) -> list[tuple[str, str]]:
+    """``(family, attn)`` pairs to parametrize over, skipping attention paths a family does not have."""
+    return [(f, a) for f in families for a in IMPLS if not (a == "sdpa" and f in EAGER_ONLY)]
+
+
+def has_native_sliding(model) -> bool:
+    """Whether some decoder layer has its own sliding window (Gemma 2/3, Mistral, Cohere 2)."""
+    from sinkwindow.patch import native_sliding_layers, text_config
+
+    return any(native_sliding_layers(text_config(model)))
+
+
+MOE_FAMILIES = {"mixtral", "qwen3_moe"}
+
+# Query/key projections (fused ones included) whose scale decides how peaked attention is.
+QK_WEIGHTS = ("q_proj.weight", "k_proj.weight", "qkv_proj.weight", "query_key_value.weight", "c_attn.weight")
+
+
+def tiny_model(family: str = "llama", attn: str | None = None, seed: int = 0):
+    """A tiny random ``family`` model in eval mode; ``attn`` defaults to SDPA where the family has it."""
     from transformers import AutoModelForCausalLM
 
+    attn = attn or ("eager" if family in EAGER_ONLY else "sdpa")
     torch.manual_seed(seed)
     cfg = tiny_config(family)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    # The fp64 reference runs a float64 copy of the model; the default grouped_mm experts kernel takes no float64.
+    extra = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, **extra)
     # Random init is tiny; scale up so attention patterns (and hence masks) matter for the logits.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+            if name.endswith(QK_WEIGHTS):
                 p.mul_(8.0)
     return model.eval()
 
@@ -94,4 +185,23 @@ def shared_data() -> Path:
 
 
 def pytest_configure(config):
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    # An explicit OMP_NUM_THREADS wins (a shared machine); otherwise at most two threads.
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.cpu_count() or 1)
+    torch.set_num_threads(max(1, threads))
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A tiny Llama saved as a local model folder, with a word-level tokenizer, for ``sinkwindow.load``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 101)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="w1").save_pretrained(
+        folder
+    )
+    return folder

@@ -329,23 +329,6 @@ def test_parse_tokens(text, n):
     assert parse_tokens(text) == n
 
 
-@pytest.fixture
-def tiny_folder(tmp_path):
-    """A tiny Llama saved as a local model folder, with a word-level tokenizer, for ``sinkwindow.load``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 101)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    folder = tmp_path / "tiny"
-    tiny_model("llama").save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="w1").save_pretrained(
-        folder
-    )
-    return folder
-
-
 def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file, capsys):
     import sinkwindow
     from sinkwindow.cli import main

@@ -1,15 +1,21 @@
-"""apply(): identity cases, the fp64 reference, the silent no-mask failure, restoring, bad input."""
+"""apply(): identity cases, the fp64 reference, the silent no-mask failure, restoring, bad input, and which
+models it accepts (by capability) or refuses (with the reason)."""
+
+import re
 
 import pytest
 import torch
 
 import sinkwindow
-from conftest import FAMILIES, VOCAB, tiny_model
+from conftest import CORE_FAMILIES, EAGER_ONLY, FAMILIES, VOCAB, family_impls, has_native_sliding, tiny_model
 from sinkwindow.patch import native_sliding_layers, text_config
 from sinkwindow.reference import reference_logits, reference_mask
 
-NATIVE = {"mistral", "gemma3_text"}
-IMPLS = ["sdpa", "eager"]
+# The core families run every case; the others one case of each contract (suite time, see conftest).
+REFERENCE_CASES = [(29, 8, 2), (45, 16, 4), (33, 8, 0)]
+REFERENCE_MATRIX = [(f, a, *case) for f, a in family_impls(CORE_FAMILIES) for case in REFERENCE_CASES] + [
+    (f, a, *REFERENCE_CASES[0]) for f, a in family_impls([f for f in FAMILIES if f not in CORE_FAMILIES])
+]
 
 
 def _ids(length, batch=1, seed=1):
@@ -18,14 +24,14 @@ def _ids(length, batch=1, seed=1):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("attn", IMPLS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,attn", family_impls(FAMILIES))
 def test_full_and_wide_window_reproduce_unpatched(family, attn):
     model = tiny_model(family, attn)
+    sinkwindow.patch.check_supported(model)
     ids = _ids(37)
     base = model(ids).logits
     # Native sliding layers keep their own window so that W >= L is an exact identity there too.
-    mode = "keep" if family in NATIVE else "override"
+    mode = "keep" if has_native_sliding(model) else "override"
     for spec in ("swa:37:4", "swa:64:0", "swa:500:16"):
         sinkwindow.apply(model, spec, native_sliding=mode)
         torch.testing.assert_close(model(ids).logits, base, atol=1e-5, rtol=1e-5)
@@ -38,14 +44,14 @@ def test_full_and_wide_window_reproduce_unpatched(family, attn):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("attn", IMPLS)
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("length,window,sinks", [(29, 8, 2), (45, 16, 4), (33, 8, 0)], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "family,attn,length,window,sinks", REFERENCE_MATRIX, ids=lambda x: str(x) if isinstance(x, str) else None
+)
 def test_swa_matches_fp64_reference(family, attn, length, window, sinks):
     model = tiny_model(family, attn)
     ids = _ids(length)
     spec = f"swa:{window}:{sinks}"
-    modes = ["override", "keep"] if family in NATIVE else ["override"]
+    modes = ["override", "keep"] if has_native_sliding(model) else ["override"]
     for mode in modes:
         ref = reference_logits(model, ids, spec, native_sliding=mode)
         sinkwindow.apply(model, spec, native_sliding=mode)
@@ -55,8 +61,7 @@ def test_swa_matches_fp64_reference(family, attn, length, window, sinks):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("attn", IMPLS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,attn", family_impls(FAMILIES))
 def test_mask_really_applies(family, attn):
     """Guards DESIGN §2's silent failure: attention registered without a mask builder masks nothing."""
     model = tiny_model(family, attn)
@@ -67,7 +72,7 @@ def test_mask_really_applies(family, attn):
     sinkwindow.apply(model, spec, native_sliding=mode)
     swa = model(ids).logits
     # Identical while every query still sees everything it would under full attention...
-    if family not in NATIVE:
+    if not has_native_sliding(model):
         torch.testing.assert_close(swa[:, :8], base[:, :8], atol=1e-5, rtol=1e-5)
     # ...and clearly different once the sequence is longer than the window.
     assert (swa[:, 12:] - base[:, 12:]).abs().max() > 1e-2
@@ -130,14 +135,185 @@ def test_stock_sliding_cache_that_lost_the_sinks_is_refused():
         model(_ids(1), cache=stock, use_cache=True)
 
 
-def test_unsupported_architecture_names_supported_ones():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
-    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'.*llama.*qwen2"):
+def _refused(model, *patterns):
+    """apply() refuses ``model`` with one line matching every pattern, leaving it untouched."""
+    impl = model.config._attn_implementation
+    with pytest.raises(ValueError) as err:
         sinkwindow.apply(model, "swa:8:2")
+    message = str(err.value)
+    assert "\n" not in message
+    for pattern in patterns:
+        assert re.search(pattern, message), (pattern, message)
+    assert model.config._attn_implementation == impl and sinkwindow.active_spec(model).is_full
+    return message
+
+
+def test_every_tested_family_is_accepted_by_capability():
+    """TESTED_MODEL_TYPES names exactly the families this suite runs, and each passes the checks."""
+    seen = set()
+    for family in FAMILIES:
+        model = tiny_model(family, "eager")
+        assert sinkwindow.patch.unsupported_reason(model) is None, family
+        seen |= {model.config.model_type, text_config(model).model_type}
+        # conftest skips SDPA exactly where transformers has none.
+        assert type(model)._supports_sdpa == (family not in EAGER_ONLY), family
+    assert seen == set(sinkwindow.patch.TESTED_MODEL_TYPES)
+    assert sinkwindow.SUPPORTED_MODEL_TYPES == sinkwindow.patch.TESTED_MODEL_TYPES
+
+
+def test_model_not_marked_backend_compatible_is_refused():
+    from transformers import BloomConfig, BloomForCausalLM
+
+    model = BloomForCausalLM(BloomConfig(n_layer=1, hidden_size=16, n_head=2, vocab_size=50))
+    assert not BloomForCausalLM._supports_attention_backend
+    _refused(model, "unsupported architecture 'bloom'", "_supports_attention_backend=False", "use a family")
     with pytest.raises(TypeError):
         sinkwindow.apply(torch.nn.Linear(2, 2), "swa:8:2")
+
+
+def test_remote_code_is_told_to_use_transformers_implementation():
+    from transformers import BloomConfig, BloomForCausalLM
+
+    remote = type(
+        "BloomForCausalLM", (BloomForCausalLM,), {"__module__": "transformers_modules.org.modeling_x"}
+    )
+    model = remote(BloomConfig(n_layer=1, hidden_size=16, n_head=2, vocab_size=50))
+    _refused(model, "trust_remote_code=False")
+
+
+def test_layers_without_attention_interface_are_refused():
+    """transformers marks RecurrentGemma backend-compatible, yet its layers never call AttentionInterface."""
+    from transformers import RecurrentGemmaConfig, RecurrentGemmaForCausalLM
+
+    cfg = RecurrentGemmaConfig(
+        num_hidden_layers=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=16,
+        vocab_size=50,
+        lru_width=16,
+    )
+    model = RecurrentGemmaForCausalLM(cfg)
+    assert RecurrentGemmaForCausalLM._supports_attention_backend
+    _refused(model, r"layer 0 of RecurrentGemmaModel .* computes no attention through AttentionInterface")
+
+
+class _HandWrittenAttention(torch.nn.Module):
+    """Softmax attention computed by hand from a stock layer's projections, never through AttentionInterface."""
+
+    def __init__(self, stock):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            stock.q_proj,
+            stock.k_proj,
+            stock.v_proj,
+            stock.o_proj,
+        )
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        groups = q.shape[-1] // k.shape[-1]  # one head, GQA keys shared
+        k, v = k.repeat_interleave(groups, -1), v.repeat_interleave(groups, -1)
+        w = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        return self.o_proj(w @ v), None
+
+
+def test_hand_written_attention_layer_is_refused():
+    model = tiny_model("llama")
+    model.model.layers[1].self_attn = _HandWrittenAttention(model.model.layers[1].self_attn)
+    _refused(model, r"layer 1 of LlamaModel \(LlamaDecoderLayer\) computes no attention", "use a family")
+
+
+def test_decoder_building_its_own_masks_is_refused():
+    from transformers import LlamaModel
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    class HandMaskedLlamaModel(LlamaModel):
+        def forward(self, input_ids=None, **kwargs):
+            n = input_ids.shape[1]
+            mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+            h = self.embed_tokens(input_ids)
+            pos = torch.arange(n)[None]
+            emb = self.rotary_emb(h, pos)
+            for layer in self.layers:
+                h = layer(h, attention_mask=mask, position_embeddings=emb, position_ids=pos)
+            return BaseModelOutputWithPast(last_hidden_state=self.norm(h))
+
+    model = tiny_model("llama")
+    model.model.__class__ = HandMaskedLlamaModel
+    _refused(model, "HandMaskedLlamaModel.forward builds its attention masks itself", "create_causal_mask")
+
+
+@torch.no_grad()
+def test_decoder_subclass_calling_super_is_accepted():
+    """A wrapper whose forward defers to the stock one still builds its masks through create_causal_mask."""
+    from transformers import LlamaModel
+
+    class LoggingLlamaModel(LlamaModel):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = tiny_model("llama")
+    ids = _ids(30)
+    base = model(ids).logits
+    model.model.__class__ = LoggingLlamaModel
+    sinkwindow.apply(model, "swa:8:2")
+    assert (model(ids).logits - base).abs().max() > 1e-2
+    torch.testing.assert_close(
+        model(ids).logits.double(), reference_logits(model, ids, "swa:8:2"), atol=2e-4, rtol=1e-4
+    )
+
+
+def test_chunked_attention_family_is_refused():
+    """Llama 4's chunked layers have no SWA(w, s) counterpart to keep: refused, not silently overridden."""
+    from transformers import AutoModelForCausalLM, Llama4TextConfig
+
+    cfg = Llama4TextConfig(
+        vocab_size=50, hidden_size=16, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_local_experts=2, attention_chunk_size=8,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
+    _refused(model, "unsupported architecture 'llama4_text'", "create_chunked_causal_mask")
+
+
+def test_family_failing_the_contract_tests_has_a_named_refusal():
+    """gpt-oss passes the capability checks, but its learned sinks are outside the fp64 reference."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    cfg = GptOssConfig(
+        vocab_size=50, hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", experts_implementation="eager")
+    message = _refused(model, "unsupported architecture 'gpt_oss'", "learned per-head sink logits")
+    assert sinkwindow.patch.REFUSED_MODEL_TYPES["gpt_oss"] in message
+
+
+def test_encoder_decoder_is_refused():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+    )  # fmt: skip
+    _refused(BartForConditionalGeneration(cfg), "encoder-decoder", "use a decoder-only model")
+
+
+@torch.no_grad()
+def test_family_without_sdpa_runs_its_eager_attention():
+    """Stock SDPA would drop Gemma 2's attention softcap: an explicit request is refused, the default is eager."""
+    model = tiny_model("gemma2", "eager")
+    with pytest.raises(ValueError, match="_supports_sdpa=False.*attn_implementation='eager'"):
+        sinkwindow.apply(model, "swa:8:2", attn_implementation="sdpa")
+    assert sinkwindow.active_spec(model).is_full
+    model.config._attn_implementation_internal = "flex_attention"  # no sink-window path: falls back
+    sinkwindow.apply(model, "swa:8:2")
+    assert model.config._attn_implementation == sinkwindow.patch.EAGER_NAME
+    ids = _ids(29)
+    torch.testing.assert_close(
+        model(ids).logits.double(), reference_logits(model, ids, "swa:8:2"), atol=2e-4, rtol=1e-4
+    )
 
 
 def test_bad_spec_and_linear_spec_rejected():

@@ -13,13 +13,18 @@ positions under padding; cache positions for ``positions="cache"``). So ``model(
 ``model.generate(...)`` honour padding and both position modes with no other change.
 
 No model forward code is copied or modified; ``apply(model, "full")`` or leaving the ``with``
-block restores the original implementation (and removes the hooks).
+block restores the original implementation (and removes the hooks). Which models can be patched is
+decided by capability (``unsupported_reason``): their attention and masks must go through these
+interfaces, whatever the family's name.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
+import types
 import weakref
 from collections.abc import Callable
 
@@ -42,14 +47,34 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "NATIVE_SLIDING_POLICIES",
     "check_supported",
+    "unsupported_reason",
+    "TESTED_MODEL_TYPES",
+    "REFUSED_MODEL_TYPES",
     "text_config",
 ]
 
 logger = logging.getLogger(__name__)
 
-# Decoder-only families whose attention goes through AttentionInterface and whose masks go through
-# create_causal_mask / create_sliding_window_causal_mask; each is covered by tests on a tiny config.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma3", "gemma2")
+# Decoder-only families the test suite runs through every runtime contract on a tiny config (identity for
+# `full`, the fp64 reference, chunked prefill, the bounded cache, generate). Support itself is decided by
+# capability (`unsupported_reason`), so families beyond this list are accepted when they pass its checks.
+TESTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma3", "gemma2", "phi", "olmo", "olmo2",
+    "granite", "gpt_neox", "smollm3", "cohere", "cohere2", "mixtral", "qwen3_moe", "starcoder2", "glm", "helium",
+    "gpt2",
+)  # fmt: skip
+SUPPORTED_MODEL_TYPES = TESTED_MODEL_TYPES  # the name older callers import
+
+# Families that pass the capability checks but fail a runtime contract test, with the reason.
+REFUSED_MODEL_TYPES: dict[str, str] = {
+    "gpt_oss": (
+        "its attention adds learned per-head sink logits (s_aux) that the float64 reference behind every "
+        "sinkwindow test does not model (max |Δlogit| 0.16 on a tiny config); use a family without learned sinks"
+    ),
+}
+
+# Mask builders of transformers.masking_utils that look up our builder in AttentionMaskInterface.
+MASK_ENTRY_POINTS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask"})
 NATIVE_SLIDING_POLICIES = ("override", "keep")
 
 _STATE_ATTR = "_sinkwindow_state"
@@ -99,23 +124,156 @@ def text_config(model: PreTrainedModel):
     return model.config.get_text_config(decoder=True)
 
 
+def _global_names(fn: Callable) -> set[str]:
+    """Global names a function's bytecode refers to, nested code (comprehensions, closures) included.
+
+    Decorators that keep ``__wrapped__`` (``functools.wraps``) are looked through.
+    """
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    names: set[str] = set()
+    stack = [code] if code is not None else []
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
+
+
+@functools.cache
+def _forward_names(cls: type) -> frozenset[str]:
+    """Global names ``cls.forward`` refers to, following ``super().forward`` up the MRO (wrapper subclasses)."""
+    names: set[str] = set()
+    owners = [c for c in cls.__mro__ if "forward" in vars(c)]
+    for owner in owners:
+        own = _global_names(vars(owner)["forward"])
+        names |= own
+        if "super" not in own:
+            break
+    return frozenset(names)
+
+
+def _dispatches_attention(module: torch.nn.Module) -> bool:
+    """Whether the module's forward picks its attention function from transformers' AttentionInterface."""
+    return "ALL_ATTENTION_FUNCTIONS" in _forward_names(type(module))
+
+
+def _decoder_layers(
+    model: PreTrainedModel, n_layers: int
+) -> tuple[torch.nn.Module, torch.nn.ModuleList] | None:
+    """The decoder and its list of ``n_layers`` blocks (``layers`` in most families, ``h`` in GPT-2).
+
+    ``get_decoder()`` first (it picks the text model of multimodal wrappers); some heads answer with
+    themselves (Llama 4's ``base_model_prefix`` names a checkpoint prefix), so then the first
+    submodel that owns such a list.
+    """
+    decoder = model.get_decoder()
+    candidates = [decoder] + [
+        m for m in model.modules() if isinstance(m, PreTrainedModel) and m is not decoder
+    ]
+    for candidate in candidates:
+        for child in candidate.children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) == n_layers:
+                return candidate, child
+    return None
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why sinkwindow cannot patch ``model`` (one line that names what to do), or ``None`` if it can.
+
+    Support is by capability: the model must route attention and masks through the seams ``apply``
+    plugs into. In order:
+
+    1. transformers marks the class backend-compatible (``_supports_attention_backend``: it documents
+       that the model uses the attention and mask interfaces and passes their arguments through);
+    2. transformers can switch its attention implementation (``_can_set_attn_implementation``; without
+       it ``set_attn_implementation`` only logs a warning and the patch would silently not apply);
+    3. the decoder's forward builds its masks with ``create_causal_mask`` and/or
+       ``create_sliding_window_causal_mask``, which look our mask builder up by name, and not with
+       ``create_chunked_causal_mask`` (chunked layers have no SWA(w, s) counterpart to keep);
+    4. the config keeps attention causal and self-only (no ``use_bidirectional_attention``, no
+       ``add_cross_attention``);
+    5. every decoder layer holds an attention module whose forward dispatches through
+       ``ALL_ATTENTION_FUNCTIONS`` (hybrids with recurrent, convolution or linear-attention layers fail);
+    6. the family is not in ``REFUSED_MODEL_TYPES`` (passes 1-5 but fails a runtime contract test).
+
+    The checks read class flags and the global names the forward functions' bytecode refers to; they
+    run no forward.
+    """
+    state = getattr(model, _STATE_ATTR, None)
+    cls = state["cls"] if state else type(model)  # the model's own class, not the context-manager mixin
+    tcfg = text_config(model)
+    model_type = tcfg.model_type
+    remote = cls.__module__.startswith("transformers_modules")
+    fix = (
+        "load it with transformers' own implementation (trust_remote_code=False)"
+        if remote
+        else "use a family whose attention goes through these interfaces (e.g. llama, qwen3, gemma3)"
+    )
+    if not getattr(cls, "_supports_attention_backend", False):
+        return (
+            f"transformers does not mark {cls.__name__} as attention-backend compatible "
+            f"(_supports_attention_backend=False), so its layers may bypass AttentionInterface and "
+            f"AttentionMaskInterface; {fix}"
+        )
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    if can_set is not None and not can_set():
+        return (
+            f"transformers cannot switch the attention implementation of {cls.__name__} (its modeling code "
+            f"does not call ALL_ATTENTION_FUNCTIONS.get_interface), so the sink-window attention would never "
+            f"run; {fix}"
+        )
+    n_layers = tcfg.num_hidden_layers
+    found = _decoder_layers(model, n_layers)
+    if found is None:
+        return (
+            f"cannot find the {n_layers} decoder layers of {cls.__name__} to check that their attention "
+            f"goes through AttentionInterface; {fix}"
+        )
+    decoder, layers = found
+    mask_calls = _forward_names(type(decoder))
+    if not MASK_ENTRY_POINTS & mask_calls:
+        return (
+            f"{type(decoder).__name__}.forward builds its attention masks itself instead of through "
+            f"create_causal_mask/create_sliding_window_causal_mask, so the sink-window mask would never "
+            f"apply; {fix}"
+        )
+    if "create_chunked_causal_mask" in mask_calls:
+        return (
+            f"{type(decoder).__name__} has chunked-attention layers (create_chunked_causal_mask), which "
+            f"SWA(w, s) would silently replace and native_sliding='keep' cannot keep; {fix}"
+        )
+    if getattr(tcfg, "use_bidirectional_attention", False) or getattr(tcfg, "add_cross_attention", False):
+        return (
+            f"this {model_type!r} config makes attention bidirectional or adds cross-attention, and SWA(w, s) "
+            f"is a causal self-attention mask; use a causal LM config"
+        )
+    # Every layer, not every layer class: hybrids (MiniMax) build one layer class around different mixers.
+    for i, layer in enumerate(layers):
+        if not any(_dispatches_attention(m) for m in layer.modules()):
+            return (
+                f"layer {i} of {type(decoder).__name__} ({type(layer).__name__}) computes no attention "
+                f"through AttentionInterface (a recurrent, convolution or linear-attention layer, or "
+                f"hand-written attention), so SWA(w, s) cannot reach it; {fix}"
+            )
+    if model_type in REFUSED_MODEL_TYPES:
+        return REFUSED_MODEL_TYPES[model_type]
+    return None
+
+
 def check_supported(model: PreTrainedModel) -> None:
-    """Raise a ValueError naming the supported families if ``model`` is not one of them."""
+    """Raise a one-line error saying why ``model`` cannot be patched and what to do (see ``unsupported_reason``)."""
     if not isinstance(model, PreTrainedModel):
         raise TypeError(
             f"sinkwindow patches transformers PreTrainedModel instances, got {type(model).__name__}"
         )
-    types = {model.config.model_type, text_config(model).model_type}
-    if not types & set(SUPPORTED_MODEL_TYPES):
-        raise ValueError(
-            f"unsupported architecture {model.config.model_type!r}: sinkwindow supports the decoder-only "
-            f"families {', '.join(SUPPORTED_MODEL_TYPES)} (tested through transformers' attention and mask "
-            f"interfaces); other families may work but are untested"
-        )
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(
-            "encoder-decoder models are not supported: SWA(w, s) applies to decoder-only causal LMs"
+            f"{model.config.model_type!r} is an encoder-decoder model: SWA(w, s) applies to decoder-only "
+            f"causal LMs; use a decoder-only model"
         )
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"unsupported architecture {model.config.model_type!r}: {reason}")
 
 
 def native_sliding_layers(config) -> list[bool]:
@@ -211,15 +369,14 @@ def apply(
     if spec.positions == "cache":
         rope_for_model(model, getattr(text_config(model), "layer_types", None))  # unsupported RoPE: fail now
 
+    cls = state["cls"] if state else type(model)
+    name = _attention_name(
+        cls, attn_implementation, state["impl"] if state else model.config._attn_implementation
+    )
     _register()
     if state is None:
-        state = {"impl": model.config._attn_implementation, "cls": type(model)}
+        state = {"impl": model.config._attn_implementation, "cls": cls}
         setattr(model, _STATE_ATTR, state)
-    base = attn_implementation or state["impl"]
-    if base not in ("sdpa", "eager", SDPA_NAME, EAGER_NAME):
-        logger.info("attention %r has no sink-window mask path; using SDPA", base)
-        base = "sdpa"
-    name = EAGER_NAME if base in ("eager", EAGER_NAME) else SDPA_NAME
 
     plan = {
         "kind": spec.kind,
@@ -237,6 +394,24 @@ def apply(
     if not isinstance(model, _SinkWindowContext):
         model.__class__ = _context_class(type(model))
     return model
+
+
+def _attention_name(cls: type, requested: str | None, current: str) -> str:
+    """``sinkwindow_sdpa`` or ``sinkwindow_eager`` for a model of class ``cls`` now running ``current``."""
+    base = requested or current
+    if base not in ("sdpa", "eager", SDPA_NAME, EAGER_NAME):
+        logger.info("attention %r has no sink-window mask path; using SDPA", base)
+        base = "sdpa"
+    if base in ("sdpa", SDPA_NAME) and not getattr(cls, "_supports_sdpa", False):
+        # Stock SDPA drops what such families add to their eager attention (Gemma 2's logit softcap).
+        if requested in ("sdpa", SDPA_NAME):
+            raise ValueError(
+                f"transformers does not support SDPA for {cls.__name__} (_supports_sdpa=False): "
+                f"use attn_implementation='eager'"
+            )
+        logger.info("%s does not support SDPA; using its eager attention", cls.__name__)
+        base = "eager"
+    return EAGER_NAME if base in ("eager", EAGER_NAME) else SDPA_NAME
 
 
 def _restore(model: PreTrainedModel, state: dict) -> None:

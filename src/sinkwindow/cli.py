@@ -65,8 +65,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     new = out[0, ids.shape[1] :]
     print(tok.decode(new, skip_special_tokens=True))
-    kv_entries = _cache_entries(cache)
-    kv_bytes = _cache_bytes(cache)
+    # Whatever the method's cache is (bounded KV, growing KV, linear state + FIFO), measured alike.
+    kv_entries = max(sinkwindow.cache.cache_lengths(cache), default=0)
+    kv_bytes = sinkwindow.cache_nbytes(cache)
     info = {
         "model": args.model,
         "method": str(spec),
@@ -86,19 +87,24 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cache_entries(cache) -> int:
-    lengths = [layer.keys.shape[-2] for layer in cache.layers if getattr(layer, "keys", None) is not None]
-    return max(lengths) if lengths else 0
+def _cmd_check(args: argparse.Namespace) -> int:
+    import torch
 
+    import sinkwindow
 
-def _cache_bytes(cache) -> int:
-    total = 0
-    for layer in cache.layers:
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if t is not None:
-                total += t.numel() * t.element_size()
-    return total
+    from .check import check_model, validate_options
+
+    # Bad options fail before the model loads (seconds to a minute for a GGUF).
+    spec = validate_options(args.method, args.seq_len, args.layers)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    model, _ = sinkwindow.load(args.model, dtype=dtype, device=args.device)
+    report = check_model(
+        model, spec, seq_len=args.seq_len, layers=args.layers, native_sliding=args.native_sliding,
+        seed=args.seed, name=args.model,
+    )  # fmt: skip
+    print(report.table())
+    print(json.dumps(report.to_json()))
+    return 0 if report.ok else 1
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -116,7 +122,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(f"  {r['name']:<14} {flag:<14} {r['description']}{default}")
         if not r["installed"]:
             print(f"  {'':<14} install: {r['install']}")
-    print("\nAlso: any hub id (online, HF_HUB_OFFLINE=0), local folder or .gguf path of the families:")
+    print("\nAlso: any hub id (downloaded when online; HF_HUB_OFFLINE=1 forbids it), local folder or .gguf path of the families:")
     print("  " + ", ".join(SUPPORTED_MODEL_TYPES))
     return 0
 
@@ -147,6 +153,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="also print a JSON line with the numbers")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser(
+        "check",
+        help="verify the runtime on your model: sdpa/eager vs the fp64 reference, prefill, decode, cache bound",
+        description="Runs a short random sequence longer than W through every runtime path and compares "
+        "each with its slow twin. Prints a table, then one JSON line; exits 1 if any check fails.",
+    )
+    add_model_argument(p)
+    p.add_argument(
+        "--method", default="swa:64:4", help="swa:W[:S][:cache] spec to check (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens to run, at least W + 2 (default: W + min(W, 64) + 7)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="decoder layers of the copy compared with the fp64 reference (default: 4, or up to the first "
+        "layer of every layer type)",
+    )
+    p.add_argument("--native-sliding", choices=("override", "keep"), default="override")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("models", help="list packaged models and whether they are installed")
     p.add_argument("--json", action="store_true")

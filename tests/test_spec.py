@@ -47,6 +47,9 @@ def test_budget_and_recent():
         ("full:64", "takes no arguments"),
         ("", "non-empty"),
         ("lolcats:64:4", "lolcats:W"),
+        ("swa:99999999999999999999", "larger than any context"),
+        ("swa:2147483648:4", "larger than any context"),
+        ("lolcats:99999999999999999999", "larger than any context"),
     ],
 )
 def test_bad_specs_name_the_fix(text, needle):

@@ -194,6 +194,30 @@ def _save_converted(model, tokenizer, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _load_hub(repo_id: str, dtype: torch.dtype, offline: bool):
+    """A hub model: from the local hub cache when offline (no request at all), else through the hub.
+
+    Offline, the snapshot is resolved on disk first and loaded as a folder: transformers still
+    sends a HEAD request for ``adapter_config.json`` under ``local_files_only=True``, which hangs for
+    tens of seconds without a network.
+    """
+    from huggingface_hub import snapshot_download
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        source = snapshot_download(repo_id, local_files_only=True) if offline else repo_id
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        if offline:
+            hint = "offline mode is on (HF_HUB_OFFLINE=1 or offline=True) and it is not in the local hub cache: unset it to download"
+        else:
+            hint = "no network or no such repository: check the id, or use a packaged name, a local folder or a .gguf path"
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise FileNotFoundError(f"could not load hub model {repo_id!r}: {hint} ({first})") from err
+    return model, tokenizer
+
+
 def load(
     name: str = DEFAULT_MODEL,
     method: str | None = None,
@@ -212,7 +236,9 @@ def load(
         method: optional spec to apply right away (``"swa:64:4"``). Linear baselines use the
             adapter shipped for a packaged model (``lolcats:256`` on ``smollm2-135m``) unless a
             training ``checkpoint`` is given.
-        offline: forbid network access (default: offline unless ``HF_HUB_OFFLINE=0`` is set).
+        offline: forbid network access for hub ids (default: only when ``HF_HUB_OFFLINE=1``).
+            Packaged models, folders and ``.gguf`` paths never touch the network; a hub id loads
+            from the local hub cache when offline, else downloads when it must.
 
     Raises:
         FileNotFoundError / ValueError: naming the fix (the pip command for packaged models, the
@@ -221,7 +247,11 @@ def load(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if offline is None:
-        offline = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"model name must be a packaged name ({', '.join(PACKAGED_MODELS)}), a hub id, a folder or a .gguf path; got {name!r}"
+        )
     path = Path(name).expanduser()
     if name in PACKAGED_MODELS:
         model, tokenizer = _load_gguf(resolve_gguf(name), dtype)
@@ -230,15 +260,12 @@ def load(
             raise FileNotFoundError(f"no GGUF file at {path}")
         model, tokenizer = _load_gguf(path, dtype)
     elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is a folder but holds no model (no config.json): pass a saved model folder")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     elif "/" in name and not path.exists():
-        try:
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=offline)
-            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline)
-        except OSError as err:
-            hint = " (offline: set HF_HUB_OFFLINE=0 to download)" if offline else ""
-            raise FileNotFoundError(f"could not load hub model {name!r}{hint}: {err}") from err
+        model, tokenizer = _load_hub(name, dtype, offline)
     else:
         known = ", ".join(PACKAGED_MODELS)
         raise ValueError(

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MethodSpec", "parse_spec", "SPEC_KINDS", "POSITION_MODES"]
+__all__ = ["MethodSpec", "parse_spec", "SPEC_KINDS", "POSITION_MODES", "MAX_WINDOW"]
 
 SPEC_KINDS = ("full", "swa", "evict", "linear", "lolcats")
 POSITION_MODES = ("absolute", "cache")
 DEFAULT_SINKS = 4
+# Past this a window is not a memory bound but a typo: positions are tensors of int64, and no model
+# has a context anywhere near 2**31 tokens.
+MAX_WINDOW = 2**31 - 1
 
 _GRAMMAR = "full | swa:W[:S][:absolute|cache] | evict:W[:S][:absolute|cache] | linear | lolcats:W"
 
@@ -59,6 +62,11 @@ class MethodSpec:
             return
         if self.window is None or not isinstance(self.window, int) or self.window <= 0:
             raise ValueError(f"window W must be a positive integer, got {self.window!r} (e.g. swa:64:4)")
+        if self.window > MAX_WINDOW:
+            raise ValueError(
+                f"window W={self.window} is larger than any context a model can have (max {MAX_WINDOW}): "
+                f"use 'full' for unbounded attention, or a window such as swa:4096:4"
+            )
         if not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(
                 f"sinks S must be an integer >= 0, got {self.sinks!r} (e.g. swa:64:4, or swa:64:0)"

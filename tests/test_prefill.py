@@ -68,20 +68,29 @@ def test_chunked_prefill_equals_one_shot(family, attn, chunk):
 
 
 @torch.no_grad()
-def test_cache_contents_are_sinks_plus_recent():
-    """Persisted keys equal the keys an uncached forward computes at the expected absolute positions."""
-    from transformers import DynamicCache
+def test_cache_contents_are_sinks_plus_recent(monkeypatch):
+    """Persisted keys equal the keys a one-shot forward computes at the expected absolute positions."""
+    from sinkwindow.cache import SinkWindowLayer
 
     model = tiny_model("llama")
     ids = _ids(40)
     sinkwindow.apply(model, f"swa:{W}:{S}")
-    full_cache = DynamicCache(config=model.config)  # a stock cache holds every key, same mask
-    model(ids, cache=full_cache, use_cache=True)
+    seen = []
+    update = SinkWindowLayer.update
+
+    def record(self, key_states, value_states, *args, **kwargs):
+        seen.append((key_states.clone(), value_states.clone()))
+        return update(self, key_states, value_states, *args, **kwargs)
+
+    monkeypatch.setattr(SinkWindowLayer, "update", record)
+    model(ids)  # one shot: every layer's update sees all 40 keys (same SWA mask, so same keys)
+    monkeypatch.undo()
+    assert len(seen) == model.config.num_hidden_layers and all(k.shape[-2] == 40 for k, _ in seen)
     _, cache = sinkwindow.prefill(model, ids, chunk_size=5)
     keep = list(range(S)) + list(range(40 - (W - S - 1), 40))
-    for layer_full, layer in zip(full_cache.layers, cache.layers):
-        torch.testing.assert_close(layer.keys, layer_full.keys[:, :, keep], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(layer.values, layer_full.values[:, :, keep], atol=1e-5, rtol=1e-5)
+    for (keys, values), layer in zip(seen, cache.layers):
+        torch.testing.assert_close(layer.keys, keys[:, :, keep], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.values, values[:, :, keep], atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()

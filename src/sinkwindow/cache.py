@@ -38,6 +38,7 @@ kind of layer it holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -397,6 +398,11 @@ class SinkWindowCache(Cache):
         self.padded = False
         self.real_seen: torch.Tensor | None = None
         self.plan: StepPlan | None = None
+        # What made this cache, set by ``patch.make_cache``: the spec string and native-sliding
+        # policy, and a check that the model still runs them (a closure over a weak reference), so a
+        # cache used under another spec, or after the model went back to full attention, fails loudly.
+        self.made_for: tuple[str, str] | None = None
+        self.owner_active: Callable[[], bool] | None = None
 
     # Fixed-shape ring buffers (``static_cache.StaticSinkWindowCache``): per-row bookkeeping from the start.
     is_static = False
@@ -426,6 +432,11 @@ class SinkWindowCache(Cache):
             The ``StepPlan``; its ``model_pos`` are the ``position_ids`` to pass the model (``None``: the
             model's default is right).
         """
+        if implicit and self.owner_active is not None and not self.owner_active():
+            raise ValueError(
+                f"this SinkWindowCache was made for {self.made_for[0]}, which its model no longer runs: "
+                f"apply that spec again, or make a new cache with sinkwindow.make_cache(model) (no cache for full attention)"
+            )
         if implicit and self.positions == "cache":
             raise RuntimeError(
                 "positions='cache' re-assigns position_ids every forward: call the patched model itself "

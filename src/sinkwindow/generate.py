@@ -24,7 +24,7 @@ from transformers.masking_utils import create_masks_for_generate
 
 from .cache import SinkWindowCache
 from .masks import token_positions
-from .patch import active_spec, apply, make_cache
+from .patch import active_spec, apply, check_positions, make_cache
 from .prefill import prefill
 from .static_cache import StaticSinkWindowCache
 
@@ -181,6 +181,13 @@ def generate(
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a non-empty [batch, n] prompt, got shape {tuple(input_ids.shape)}"
+        )
+    if active_spec(model).positions != "cache":
+        # Fail before any compute, not after the prefill.
+        check_positions(model, input_ids.shape[1] + max_new_tokens)
     if attention_mask is not None and not bool(attention_mask[:, -1].all()):
         raise ValueError(
             "right padding cannot be continued: a row's next token would follow its padding. Pad prompts on the "

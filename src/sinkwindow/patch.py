@@ -47,6 +47,8 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "NATIVE_SLIDING_POLICIES",
     "check_supported",
+    "check_positions",
+    "max_positions",
     "unsupported_reason",
     "TESTED_MODEL_TYPES",
     "REFUSED_MODEL_TYPES",
@@ -302,8 +304,23 @@ class _SinkWindowContext:
     def __enter__(self):
         return self
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() then builds no DynamicCache of its own: the first forward runs with no cache, the
+        # pre-hook makes the bounded one, and generate carries on with the cache the model returned. So
+        # plain model.generate(ids) and pipelines keep SWA(w, s)'s memory bound with no cache= argument.
+        return False
+
     def __exit__(self, *exc) -> None:
-        apply(self, "full")
+        # Back to what ran before the apply() this block entered with: the outer block's spec when
+        # blocks nest, full attention at the outermost.
+        state = getattr(self, _STATE_ATTR, None)
+        previous = state["stack"].pop() if state and state.get("stack") else None
+        if previous is None:
+            apply(self, "full")
+        else:
+            spec, native_sliding = previous
+            _apply(self, spec, native_sliding=native_sliding, attn_implementation=None, push=False)
 
 
 _CONTEXT_CLASSES: dict[type, type] = {}
@@ -330,8 +347,9 @@ def apply(
 ) -> PreTrainedModel:
     """Patch ``model`` in place to run ``spec`` and return it.
 
-    Usable as a context manager: ``with sinkwindow.apply(model, "swa:64:4") as m: ...`` restores the
-    original attention on exit; ``apply(model, "full")`` restores it too.
+    Usable as a context manager: ``with sinkwindow.apply(model, "swa:64:4") as m: ...`` restores on
+    exit what ran before (the outer block's spec when blocks nest, else the original attention);
+    ``apply(model, "full")`` restores the original attention at any time.
 
     Args:
         model: a transformers causal LM of a supported family.
@@ -345,6 +363,15 @@ def apply(
     Raises:
         ValueError: unsupported architecture or bad spec.
     """
+    return _apply(
+        model, spec, native_sliding=native_sliding, attn_implementation=attn_implementation, push=True
+    )
+
+
+def _apply(
+    model: PreTrainedModel, spec, *, native_sliding: str, attn_implementation: str | None, push: bool
+) -> PreTrainedModel:
+    """``apply``; ``push`` records the spec it replaces so that leaving a ``with`` block returns to it."""
     spec = parse_spec(spec)
     if native_sliding not in NATIVE_SLIDING_POLICIES:
         raise ValueError(f"native_sliding must be one of {NATIVE_SLIDING_POLICIES}, got {native_sliding!r}")
@@ -375,8 +402,13 @@ def apply(
     )
     _register()
     if state is None:
-        state = {"impl": model.config._attn_implementation, "cls": cls}
+        state = {"impl": model.config._attn_implementation, "cls": cls, "stack": []}
         setattr(model, _STATE_ATTR, state)
+        previous = None
+    else:
+        previous = (state["spec"], state["native_sliding"])
+    if push:
+        state["stack"].append(previous)
 
     plan = {
         "kind": spec.kind,
@@ -456,9 +488,19 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     ]
     ropes = rope_for_model(model, getattr(tcfg, "layer_types", None)) if spec.positions == "cache" else None
     cls = StaticSinkWindowCache if static else SinkWindowCache
-    return cls(
+    cache = cls(
         layers, positions=spec.positions, ropes=ropes, window=spec.window, sinks=spec.sinks, kind=spec.kind
     )
+    cache.made_for = (str(spec), state["native_sliding"])
+    ref = weakref.ref(model)
+
+    def owner_active() -> bool:
+        owner = ref()
+        st = getattr(owner, _STATE_ATTR, None) if owner is not None else None
+        return bool(st) and (str(st["spec"]), st["native_sliding"]) == cache.made_for
+
+    cache.owner_active = owner_active
+    return cache
 
 
 # Forward hooks per patched model (kept out of the model so deep copies do not share handles).
@@ -474,6 +516,69 @@ def _install_hooks(model: PreTrainedModel) -> None:
     ]
 
 
+def max_positions(model: PreTrainedModel) -> int | None:
+    """Positions the model was trained for (``max_position_embeddings``), or ``None`` if it has no limit."""
+    return getattr(text_config(model), "max_position_embeddings", None)
+
+
+def check_positions(model: PreTrainedModel, n: int) -> None:
+    """Refuse to run absolute positions ``0..n-1`` past the model's trained limit.
+
+    SWA(w, s) keeps absolute positions, so a stream past ``max_position_embeddings`` would rotate keys
+    by angles the model never saw; ``positions="cache"`` re-assigns positions inside the cache instead.
+    """
+    limit = max_positions(model)
+    if limit is not None and n > limit:
+        state = getattr(model, _STATE_ATTR, None)
+        spec = state["spec"] if state else None
+        alt = (
+            f"{spec.kind}:{spec.window}:{spec.sinks}:cache"
+            if spec is not None and spec.is_windowed
+            else "swa:W:S:cache"
+        )
+        raise ValueError(
+            f"{n} positions pass the model's limit of {limit} (max_position_embeddings): shorten the prompt or "
+            f"max_new_tokens, or use {alt} (positions re-assigned inside the cache, so streams run past the limit)"
+        )
+
+
+def _bounded_cache(model: PreTrainedModel, state: dict, cache, kwargs: dict):
+    """The cache this forward must run on, so that SWA(w, s)'s memory bound always holds.
+
+    - No cache (``use_cache`` not False): ``make_cache(model)``. So ``model(ids)`` returns a bounded cache,
+      and plain ``model.generate(ids)`` and pipelines (whose generate makes no cache of its own for a
+      patched model, see ``_SinkWindowContext``) keep at most w entries a layer with no ``cache=``.
+    - A stock cache (``DynamicCache``, ``StaticCache``, ...): refused, since it grows with the context
+      (or, for Gemma-style sliding layers, drops the sinks).
+    - A ``SinkWindowCache`` made under another spec or native-sliding policy: refused.
+    """
+    spec: MethodSpec = state["spec"]
+    made_for = (str(spec), state["native_sliding"])
+    if isinstance(cache, SinkWindowCache):
+        if cache.made_for is not None and cache.made_for != made_for:
+            raise ValueError(
+                f"this SinkWindowCache was made for {cache.made_for[0]} (native_sliding={cache.made_for[1]}), but the "
+                f"model runs {made_for[0]} (native_sliding={made_for[1]}): make a new one with sinkwindow.make_cache(model)"
+            )
+        return cache
+    if cache is None:
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(text_config(model), "use_cache", True)
+        if not use_cache and spec.positions != "cache":
+            return None
+    else:
+        raise ValueError(
+            f"a {type(cache).__name__} grows with the context, so {spec}'s memory bound would be lost: pass "
+            f"cache=sinkwindow.make_cache(model), or no cache at all (a patched model makes its own)"
+        )
+    cache = make_cache(model)
+    kwargs.pop("past_key_values", None)
+    kwargs["cache"] = cache
+    kwargs["use_cache"] = True
+    return cache
+
+
 def _plan_forward(module, args, kwargs):
     """Forward pre-hook: plan the step on our cache and hand the model the positions it must use.
 
@@ -484,7 +589,13 @@ def _plan_forward(module, args, kwargs):
       and a forward without a cache runs through a fresh one, since the positions live there.
     """
     state = getattr(module, _STATE_ATTR, None)
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if not state:
+        if isinstance(cache, SinkWindowCache):
+            raise ValueError(
+                f"this model runs full attention, but the cache is a SinkWindowCache made for {cache.made_for[0]}: "
+                f"apply that spec first (sinkwindow.apply(model, '{cache.made_for[0]}')), or pass no cache"
+            )
         return None
     x = kwargs.get("input_ids", args[0] if args else None)
     if x is None:
@@ -492,14 +603,11 @@ def _plan_forward(module, args, kwargs):
     if x is None:
         return None
     q_len = x.shape[1]
+    if q_len == 0:
+        raise ValueError("empty input: a forward needs at least one token (give a non-empty prompt)")
     mask = kwargs.get("attention_mask")
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
     spec: MethodSpec = state["spec"]
-    if cache is None and spec.positions == "cache":
-        cache = make_cache(module)
-        kwargs.pop("past_key_values", None)
-        kwargs["cache"] = cache
-        kwargs["use_cache"] = True
+    cache = _bounded_cache(module, state, cache, kwargs)
     if not isinstance(cache, SinkWindowCache):
         padded = isinstance(mask, torch.Tensor) and mask.ndim == 2 and not bool(mask.all())
         if padded and kwargs.get("position_ids") is None:
@@ -508,6 +616,9 @@ def _plan_forward(module, args, kwargs):
     if isinstance(mask, torch.Tensor) and mask.ndim != 2:
         raise ValueError("sinkwindow caches take a 2-D padding mask, not a prepared 4-D attention mask")
     plan = cache.begin_step(q_len, mask, batch_size=x.shape[0], device=x.device)
+    if spec.positions == "absolute":
+        last = int(plan.next_pos.max()) if plan.next_pos is not None else plan.start + q_len
+        check_positions(module, last)
     if plan.model_pos is not None and (spec.positions == "cache" or kwargs.get("position_ids") is None):
         kwargs["position_ids"] = plan.model_pos.expand(x.shape[0], -1)
     return args, kwargs

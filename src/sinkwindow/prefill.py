@@ -110,8 +110,10 @@ def prefill(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if return_logits not in ("last", "all", "none"):
         raise ValueError(f"return_logits must be 'last', 'all' or 'none', got {return_logits!r}")
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be [batch, n], got shape {tuple(input_ids.shape)}")
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a non-empty [batch, n] prompt, got shape {tuple(input_ids.shape)}"
+        )
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"attention_mask must match input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"

@@ -107,3 +107,17 @@ def test_shipped_adapter_reproduces_its_export_logits(entry):
     model, _ = sinkwindow.load(entry["model"], method=entry["spec"])
     got = verify_adapter(entry["path"], model)
     assert got["max_abs_logit_diff"] <= entry["probe"]["atol"]
+
+
+def test_allow_untrained_converts_only_when_nothing_is_shipped(shipped_dir, tmp_path_factory, monkeypatch):
+    from sinkwindow.linear import is_converted
+
+    path, trained, ids = shipped_dir
+    model = use_method(_tagged(), "lolcats:8", allow_untrained=True)  # shipped: the trained adapter
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, trained(ids).logits, rtol=0, atol=0)
+    monkeypatch.setattr(adapters, "ADAPTER_DIR", tmp_path_factory.mktemp("none"))
+    untrained = use_method(_tagged(), "lolcats:8", allow_untrained=True)
+    assert is_converted(untrained)
+    with torch.no_grad():
+        assert (untrained(ids).logits - trained(ids).logits).abs().max() > 1e-4

@@ -128,6 +128,8 @@ def test_cache_size_constant_over_2000_steps():
     assert layer.S.shape == (1, H, D, D) and layer.S.dtype == torch.float32  # F = D (softmax_dim, f = D/2)
     assert layer.keys.shape == (1, Hkv, W, D)  # the FIFO stays at the key/value heads
     assert nbytes == len(cache.layers) * (4 * H * (D * D + D) + 2 * 4 * Hkv * W * D)
+    # The one byte counter every report uses (generate, bench, check) sees the (S, z) state too.
+    assert sinkwindow.cache_nbytes(cache) == nbytes
 
 
 def test_states_stay_float32_in_a_bfloat16_model():

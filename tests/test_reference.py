@@ -58,3 +58,22 @@ def test_reference_full_equals_stock_eager_model_in_float64(family):
     stock = copy.deepcopy(model).double()
     ids = _ids()
     torch.testing.assert_close(reference_logits(model, ids, "full"), stock(ids).logits, atol=5e-7, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_reference_runs_moe_models_on_their_default_experts_kernel(family):
+    """MoE models default to grouped_mm experts, which have no float64 kernel; the reference switches them."""
+    from transformers import AutoModelForCausalLM
+
+    import sinkwindow
+    from conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(family))
+    assert model.config._experts_implementation != "eager"
+    ids = _ids(batch=1)
+    want = reference_logits(model, ids, "swa:8:2")
+    assert model.config._experts_implementation != "eager"  # the user's model is left alone
+    sinkwindow.apply(model, "swa:8:2")
+    torch.testing.assert_close(model(ids).logits.double(), want, atol=1e-5, rtol=0)

@@ -42,7 +42,15 @@ import torch
 from transformers import PreTrainedModel
 
 from .cache import SinkWindowCache
-from .patch import active_spec, apply, make_cache, native_sliding_layers, text_config
+from .patch import (
+    active_native_sliding,
+    active_spec,
+    apply,
+    base_class,
+    make_cache,
+    native_sliding_layers,
+    text_config,
+)
 from .prefill import prefill
 from .reference import reference_logits
 from .spec import MethodSpec, parse_spec
@@ -326,9 +334,7 @@ def _compare(name: str, label: str, got, want, rel: float, detail: str) -> Check
 
 
 def _supports_sdpa(model: PreTrainedModel) -> bool:
-    state = getattr(model, "_sinkwindow_state", None)
-    cls = state["cls"] if state else type(model)
-    return bool(getattr(cls, "_supports_sdpa", False))
+    return bool(getattr(base_class(model), "_supports_sdpa", False))
 
 
 @torch.no_grad()
@@ -492,8 +498,7 @@ def check_model(
     ids = _random_ids(model, length, seed, device)
 
     prior = active_spec(model)
-    prior_state = getattr(model, "_sinkwindow_state", None) or {}
-    prior_native = prior_state.get("native_sliding", "override")
+    prior_native = active_native_sliding(model)
     prior_impl = model.config._attn_implementation
     report = CheckReport(
         model=name or getattr(model, "name_or_path", "") or type(model).__name__,

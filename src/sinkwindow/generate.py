@@ -24,7 +24,7 @@ from transformers.masking_utils import create_masks_for_generate
 
 from .cache import SinkWindowCache
 from .masks import token_positions
-from .patch import active_spec, apply, check_positions, make_cache
+from .patch import active_native_sliding, active_spec, apply, check_positions, make_cache
 from .prefill import prefill
 from .static_cache import StaticSinkWindowCache
 
@@ -269,7 +269,7 @@ def decode_speed(
         "speedup", "compile_s", "max_abs_logit_diff"}``; the last compares the two paths' final logits.
     """
     previous = active_spec(model)
-    native = (getattr(model, "_sinkwindow_state", None) or {}).get("native_sliding", "override")
+    native = active_native_sliding(model)
     if spec is not None:
         apply(model, spec)
     measured = active_spec(model)

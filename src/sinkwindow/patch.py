@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
+from .attributes import CACHE_FACTORY_ATTR, RETROFIT_ATTR, STATE_ATTR
 from .cache import SinkWindowCache
 from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
 from .rope import rope_for_model
@@ -44,6 +45,8 @@ __all__ = [
     "apply",
     "make_cache",
     "active_spec",
+    "active_native_sliding",
+    "base_class",
     "SUPPORTED_MODEL_TYPES",
     "NATIVE_SLIDING_POLICIES",
     "check_supported",
@@ -79,7 +82,7 @@ REFUSED_MODEL_TYPES: dict[str, str] = {
 MASK_ENTRY_POINTS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask"})
 NATIVE_SLIDING_POLICIES = ("override", "keep")
 
-_STATE_ATTR = "_sinkwindow_state"
+_STATE_ATTR = STATE_ATTR
 SDPA_NAME = "sinkwindow_sdpa"
 EAGER_NAME = "sinkwindow_eager"
 
@@ -338,6 +341,18 @@ def active_spec(model: PreTrainedModel) -> MethodSpec:
     return state["spec"] if state else parse_spec("full")
 
 
+def active_native_sliding(model: PreTrainedModel) -> str:
+    """The native-sliding policy the model was patched with (``"override"`` when unpatched)."""
+    state = getattr(model, _STATE_ATTR, None)
+    return state["native_sliding"] if state else "override"
+
+
+def base_class(model: PreTrainedModel) -> type:
+    """The model's own class, under the context-manager subclass ``apply`` swaps in."""
+    state = getattr(model, _STATE_ATTR, None)
+    return state["cls"] if state else type(model)
+
+
 def apply(
     model: PreTrainedModel,
     spec: str | MethodSpec,
@@ -377,7 +392,7 @@ def _apply(
         raise ValueError(f"native_sliding must be one of {NATIVE_SLIDING_POLICIES}, got {native_sliding!r}")
     check_supported(model)
     state = getattr(model, _STATE_ATTR, None)
-    if getattr(model, "_sinkwindow_linear", None) is not None:
+    if getattr(model, RETROFIT_ATTR, None) is not None:
         # A converted model's attention is the linear baseline's; patching on top would mix both.
         raise ValueError(
             "this model is converted to a linear-attention baseline: call sinkwindow.linear.revert(model) "
@@ -466,7 +481,7 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
         static: a ``StaticSinkWindowCache`` of fixed-shape ring buffers (``w`` slots a layer, allocated
             on the first forward) for ``torch.compile``d decoding.
     """
-    factory = getattr(model, "_sinkwindow_cache_factory", None)
+    factory = getattr(model, CACHE_FACTORY_ATTR, None)
     if factory is not None:
         # Converted models (the linear baselines) bring their own constant-size cache.
         return factory()

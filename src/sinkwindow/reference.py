@@ -166,6 +166,9 @@ def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_slidi
     ref = copy.deepcopy(model)
     apply(ref, "full")
     ref = ref.double().eval()
+    if getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
+        # MoE experts default to grouped_mm kernels, which have no float64 path: run them as plain loops.
+        ref.set_experts_implementation("eager")
     layer_types = getattr(ref.config.get_text_config(decoder=True), "layer_types", None)
     plan = {
         "window": spec.window,

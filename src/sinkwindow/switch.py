@@ -9,17 +9,18 @@ through here, so no two of them can disagree about what "switching" means.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from transformers import PreTrainedModel
 
+from .attributes import MODEL_NAME_ATTR, RETROFIT_ATTR
 from .patch import apply
 from .spec import MethodSpec, parse_spec
 
 __all__ = ["MODEL_NAME_ATTR", "model_name", "use_method"]
 
-# ``load`` records the name a model was loaded by, so a packaged model finds its shipped adapters.
-MODEL_NAME_ATTR = "_sinkwindow_model_name"
+logger = logging.getLogger(__name__)
 
 
 def model_name(model: PreTrainedModel) -> str | None:
@@ -33,6 +34,7 @@ def use_method(
     *,
     checkpoint: str | os.PathLike | None = None,
     native_sliding: str = "override",
+    allow_untrained: bool = False,
 ) -> PreTrainedModel:
     """Put ``model`` into ``spec`` in place and return it.
 
@@ -42,6 +44,9 @@ def use_method(
         checkpoint: trained adapter for a linear baseline; ``None`` uses the adapter shipped for
             the packaged model ``model`` was loaded as, if there is one.
         native_sliding: as in ``apply``.
+        allow_untrained: for a linear baseline with no checkpoint and none shipped, convert it at
+            its initialisation instead of refusing: right for timing and memory (the efficiency
+            benchmark), meaningless for accuracy.
 
     Returns:
         The model (the same object) running ``spec``.
@@ -50,14 +55,17 @@ def use_method(
         ValueError: a linear baseline with no checkpoint and none shipped, or a bad spec.
     """
     spec = parse_spec(spec)
-    if getattr(model, "_sinkwindow_linear", None) is not None:
+    if getattr(model, RETROFIT_ATTR, None) is not None:
         from .linear import revert  # noqa: PLC0415 - the linear stack (peft) is optional
 
         revert(model)
     apply(model, "full")
     if spec.is_linear:
-        from .linear import load_linear  # noqa: PLC0415
+        from .linear import convert, load_linear, shipped_adapter  # noqa: PLC0415
 
+        if checkpoint is None and allow_untrained and shipped_adapter(model_name(model), spec) is None:
+            logger.warning("%s: no trained adapter for this model; converting it untrained (timing only)", spec)
+            return convert(model, spec)
         return load_linear(model, spec, checkpoint, model_name=model_name(model))
     if not spec.is_full:
         apply(model, spec, native_sliding=native_sliding)

@@ -27,6 +27,7 @@ from ..cache import SinkWindowLayer
 from ..patch import apply, make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec, parse_spec
+from ..switch import use_method
 from .memory import analytic_state_bytes
 
 __all__ = [
@@ -190,8 +191,9 @@ class WindowRunner(MethodRunner):
 class LinearRunner(MethodRunner):
     """Linear attention (``linear``) and the LoLCATs hybrid (``lolcats:W``), via ``sinkwindow.linear``.
 
-    ``activate`` converts the model in place (``sinkwindow.linear.convert``: Hedgehog feature maps
-    at their identity init, which time exactly as trained ones do) and ``deactivate`` reverts it.
+    ``activate`` puts the model into the baseline with ``use_method``: the shipped trained adapter
+    where there is one, else a conversion at the identity init (which times exactly as trained
+    feature maps do); ``deactivate`` reverts it.
     The cache is the retrofit's ``LinearAttnCache``: per layer S (H x F x D) and z (H x F) in
     float32, plus a FIFO of the last w keys/values for the hybrid.
 
@@ -210,10 +212,7 @@ class LinearRunner(MethodRunner):
             ) from err
 
     def activate(self) -> None:
-        apply(self.model, "full")
-        if self._convert.is_converted(self.model):
-            self._convert.revert(self.model)
-        self._convert.convert(self.model, self.spec)
+        use_method(self.model, self.spec, allow_untrained=True)
 
     def deactivate(self) -> None:
         if self._convert.is_converted(self.model):

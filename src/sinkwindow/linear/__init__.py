@@ -12,6 +12,7 @@
 ``trainer``, ``data`` and ``checkpoint`` train and store the baselines; ``cli`` adds ``train``.
 """
 
+from sinkwindow.linear.adapters import list_adapters, shipped_adapter
 from sinkwindow.linear.attention import ATTN_NAME, LinearVariant
 from sinkwindow.linear.cache import LinearAttnCache, LinearAttnLayer
 from sinkwindow.linear.checkpoint import load_checkpoint, load_linear, read_metadata, save_checkpoint
@@ -49,6 +50,8 @@ __all__ = [
     "LinearAttnCache",
     "LinearAttnLayer",
     "LinearVariant",
+    "list_adapters",
+    "shipped_adapter",
     "convert",
     "get_retrofit",
     "is_converted",

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..attributes import RETROFIT_ATTR
 from ..spec import MethodSpec
 from .cache import LinearAttnCache
 from .feature_maps import FEATURE_MAPS
@@ -63,7 +64,6 @@ ATTN_NAME = "sinkwindow_linear"
 # logit(0.1): LoLCATs' "w01" init, γ = 0.1 for the window term (LINEAR.md §1.3).
 DEFAULT_WINDOW_FACTOR = math.log(0.1 / 0.9)
 CACHE_ATTR = "_sinkwindow_cache"
-RETROFIT_ATTR = "_sinkwindow_linear"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch.nn as nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..attributes import CACHE_FACTORY_ATTR
 from ..patch import active_spec, check_supported, text_config
 from ..spec import MethodSpec, parse_spec
 from .attention import (
@@ -190,7 +191,7 @@ def convert(
     _register()
     model.set_attn_implementation(ATTN_NAME)
     setattr(model, RETROFIT_ATTR, rf)
-    model._sinkwindow_cache_factory = rf.make_cache
+    setattr(model, CACHE_FACTORY_ATTR, rf.make_cache)
     logger.info("converted %s to %s (%d layers, %d query heads)", type(model).__name__, spec, len(mods), H)
     return model
 
@@ -216,5 +217,5 @@ def revert(model: PreTrainedModel) -> PreTrainedModel:
         attn.__dict__.pop(CACHE_ATTR, None)
     model.set_attn_implementation(rf.impl)
     delattr(model, RETROFIT_ATTR)
-    model.__dict__.pop("_sinkwindow_cache_factory", None)
+    model.__dict__.pop(CACHE_FACTORY_ATTR, None)
     return model

@@ -1,0 +1,17 @@
+"""Names of the attributes sinkwindow sets on a user's model, in one place.
+
+The runtime (``patch``), the linear baselines (``linear/``) and the method switch (``switch``) each
+leave a marker on the model object; every module reads them through these constants, so a rename
+cannot leave one reader behind. This module imports nothing, so any module may import it.
+"""
+
+__all__ = ["CACHE_FACTORY_ATTR", "MODEL_NAME_ATTR", "RETROFIT_ATTR", "STATE_ATTR"]
+
+# ``patch.apply``: what was changed (original class, attention implementation, spec, policy).
+STATE_ATTR = "_sinkwindow_state"
+# ``linear.convert``: the conversion to a linear-attention baseline (``linear.attention.Retrofit``).
+RETROFIT_ATTR = "_sinkwindow_linear"
+# ``linear.convert``: builds the converted model's own cache, which ``patch.make_cache`` returns.
+CACHE_FACTORY_ATTR = "_sinkwindow_cache_factory"
+# ``models.load``: the name the model was loaded by, so packaged models find their shipped adapters.
+MODEL_NAME_ATTR = "_sinkwindow_model_name"

@@ -224,3 +224,15 @@ def test_check_smollm2(smollm2):
     assert report.reference_layers == 4 and report.layers == 30
     assert report.cache_entries == [63] * 30
     assert sinkwindow.active_spec(model).is_full
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not sinkwindow.models.is_installed(sinkwindow.PACKAGED_MODELS["gemma3-270m"]),
+    reason="gemma3-270m wheels not installed (sinkwindow models prints the pip command)",
+)
+def test_check_gemma3_270m():
+    model, _ = sinkwindow.load("gemma3-270m")
+    report = check_model(model, "swa:64:4", name="gemma3-270m")
+    assert report.ok, report.table()
+    assert report.layers == 18 and report.cache_entries == [63] * 18

@@ -13,6 +13,12 @@ number comes with its sample count and a 95% interval (``stats.py``):
 - perplexity: bootstrap over windows of (nll_sum, n_tokens).
 
 A difference is called larger than its noise when its paired interval excludes 0.
+
+:func:`write_report` renders any run folder the CLI writes: long-context runs (``results.jsonl``
+from ``eval``/``compare``, with a ``short/`` lm-eval section when there is one), lm-eval runs
+(``results.jsonl`` of ``suite: lm-eval`` rows) and ``bench`` runs (``bench.jsonl``, through
+``bench/report.py``). Unreadable lines and rows of no known shape are skipped, counted and
+mentioned in the report; a folder with none of these is refused and left as it is.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from .stats import (
     wilson_interval,
 )
 
-__all__ = ["summarize", "markdown_report", "write_report", "PAPER_REFERENCE"]
+__all__ = ["summarize", "markdown_report", "write_report", "long_context_rows", "PAPER_REFERENCE"]
 
 logger = logging.getLogger(__name__)
 
@@ -693,8 +699,13 @@ def _recovery_lines(s: dict, family: str) -> list[str]:
 
 
 def markdown_report(
-    s: dict, config: dict | None, plots: list[tuple[str, str]], extra_sections: list[str] = ()
+    s: dict,
+    config: dict | None,
+    plots: list[tuple[str, str]],
+    extra_sections: list[str] = (),
+    notes: list[str] = (),
 ) -> str:
+    """The report page; ``notes`` (one line each) go right after the introduction."""
     cfg = config or {}
     lines = [f"# sinkwindow report: {cfg.get('model', '?')}", ""]
     methods = cfg.get("methods") or _order_methods(
@@ -710,6 +721,7 @@ def markdown_report(
         "a paired bootstrap over the samples both methods ran for recovery, ratios and differences; a "
         "bootstrap over windows for perplexity.",
         "",
+        *[line for note in notes for line in (f"**Note:** {note}", "")],
         "## Summary",
         "",
         "Perplexity on Paul Graham essay windows (lower is better); task columns give mean accuracy over all lengths "
@@ -835,21 +847,166 @@ def _json_safe(obj):
     return obj
 
 
-def write_report(run_dir: str | Path, extra_sections: list[str] = ()) -> Path:
-    """Rebuild ``report.md``, ``report.html``, ``summary.json`` and the PNGs of a run folder.
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
-    ``summary.json`` holds :func:`summarize`'s dict; numbers that are not finite (an interval
-    reaching +inf, an undefined ratio) are written as ``null``, and the entry's ``flag`` says why.
-    """
-    from .results import ResultsStore
 
-    run = Path(run_dir)
-    store = ResultsStore(run)
-    config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
-    s = summarize(store.rows())
-    plots = _plots(s, run)
-    md = markdown_report(s, config, plots, extra_sections)
+def _long_context_row(r: dict) -> bool:
+    if (
+        r.get("suite") is not None
+        or not isinstance(r.get("task"), str)
+        or not isinstance(r.get("method"), str)
+    ):
+        return False
+    if not isinstance(r.get("length"), int) or isinstance(r.get("length"), bool):
+        return False
+    if r["task"] == "ppl":
+        return (
+            all(_is_number(r.get(k)) for k in ("nll_sum", "n_tokens", "bucket_size"))
+            and isinstance(r.get("bucket_nll_sum"), list)
+            and isinstance(r.get("bucket_count"), list)
+        )
+    return _is_number(r.get("score"))
+
+
+def long_context_rows(rows: list[dict]) -> tuple[list[dict], list[dict], int]:
+    """Split rows into (long-context rows, lm-eval rows, how many fit neither and are skipped)."""
+    ours, lmeval, foreign = [], [], 0
+    for r in rows:
+        if r.get("suite") == "lm-eval":
+            lmeval.append(r)
+        elif _long_context_row(r):
+            ours.append(r)
+        else:
+            foreign += 1
+    return ours, lmeval, foreign
+
+
+def _skip_notes(path: Path, skipped_lines: int, foreign: int) -> list[str]:
+    notes = []
+    if skipped_lines:
+        notes.append(
+            f"{skipped_lines} unreadable line(s) of {path.name} were skipped (the warnings name each line)."
+        )
+    if foreign:
+        notes.append(
+            f"{foreign} row(s) of {path.name} of no known shape (no task, method, length or score) were skipped."
+        )
+    return notes
+
+
+def _write_page(run: Path, md: str, summary: dict) -> Path:
     (run / "report.md").write_text(md)
     (run / "report.html").write_text(_md_to_html(md))
-    (run / "summary.json").write_text(json.dumps(_json_safe(s), indent=2, default=str, allow_nan=False))
+    (run / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str, allow_nan=False))
     return run / "report.md"
+
+
+def _lmeval_report(run: Path, rows: list[dict], notes: list[str]) -> Path:
+    from .lmeval import recovery_table
+
+    md, data = recovery_table(rows)
+    models = ", ".join(sorted({str(r.get("model")) for r in rows}))
+    lines = [f"# sinkwindow report: {models} (short tasks, lm-evaluation-harness)", ""]
+    lines += [line for note in notes for line in (f"**Note:** {note}", "")]
+    lines += ["## Short-context tasks (lm-eval)", "", md]
+    return _write_page(run, "\n".join(lines), {"kind": "lm-eval", **data, "notes": notes})
+
+
+def _bench_report(run: Path) -> Path:
+    from ..bench.report import validate_row
+    from ..bench.report import write_report as write_bench_report
+    from .results import read_jsonl
+
+    rows, bad = read_jsonl(run / "bench.jsonl")
+    good = []
+    for n, r in enumerate(rows):
+        try:
+            validate_row(r)
+        except (ValueError, TypeError, KeyError) as err:
+            if n < 10:
+                logger.warning("%s: skipping a row that is not a bench row: %s", run / "bench.jsonl", err)
+            continue
+        good.append(r)
+    if not good:
+        raise ValueError(
+            f"{run / 'bench.jsonl'} holds no readable bench rows: rerun `sinkwindow bench --out {run}`"
+        )
+    write_bench_report(good, run)
+    notes = _skip_notes(run / "bench.jsonl", len(bad), len(rows) - len(good))
+    if notes:
+        with (run / "bench.md").open("a") as f:
+            f.write("\n" + "\n".join(f"**Note:** {n}\n" for n in notes))
+    return run / "bench.md"
+
+
+def write_report(run_dir: str | Path, extra_sections: list[str] = (), *, store=None) -> Path:
+    """Rebuild the report of a run folder; return the path of its Markdown page.
+
+    - long-context (``results.jsonl`` of ``eval``/``compare`` rows): ``report.md``, ``report.html``,
+      ``summary.json`` (:func:`summarize`'s dict; numbers that are not finite, such as an interval
+      reaching +inf or an undefined ratio, are written as ``null``, and the entry's ``flag`` says
+      why) and the PNGs. lm-eval rows in the same file, or in ``short/results.jsonl`` when no
+      ``extra_sections`` are given, add a short-task section.
+    - lm-eval only (``suite: lm-eval`` rows): the recovery table as ``report.md``/``.html``/``summary.json``.
+    - bench (``bench.jsonl``): ``bench.md``, ``targets.json`` and plots (``bench/report.py``).
+
+    Args:
+        store: a ``ResultsStore`` of this folder whose ``rows()`` to report instead of every row
+            of the file (``run_eval``'s store covers the cells the run asked for).
+
+    Raises:
+        FileNotFoundError: no such folder, or it holds no results (nothing is created).
+        ValueError: a file instead of a folder, or results without a readable row.
+    """
+    from .results import CONFIG_FILE, RESULTS_FILE, ResultsStore
+
+    run = Path(run_dir)
+    if run.exists() and not run.is_dir():
+        raise ValueError(f"{run} is a file: pass the run folder that holds it")
+    if not run.is_dir():
+        raise FileNotFoundError(
+            f"no run folder {run}: pass a folder written by sinkwindow eval, compare or bench"
+        )
+    if store is None and not (run / RESULTS_FILE).exists():
+        if (run / "bench.jsonl").exists():
+            return _bench_report(run)
+        raise FileNotFoundError(
+            f"{run} holds no results ({RESULTS_FILE} or bench.jsonl): pass a folder written by sinkwindow "
+            f"eval, compare or bench"
+        )
+    if store is None:
+        store = ResultsStore(run)
+    rows, lm_rows, foreign = long_context_rows(store.rows())
+    notes = _skip_notes(store.path, store.skipped_lines, foreign)
+    if not rows and lm_rows:
+        return _lmeval_report(run, lm_rows, notes)
+    if not rows:
+        raise ValueError(
+            f"{store.path} holds no readable results ({store.skipped_lines} unreadable line(s), {foreign} "
+            f"of no known shape): rerun the evaluation into {run}"
+        )
+    try:
+        config = json.loads((run / CONFIG_FILE).read_text()) if (run / CONFIG_FILE).exists() else {}
+    except json.JSONDecodeError:
+        logger.warning("%s: unreadable, the report goes without it", run / CONFIG_FILE)
+        config = {}
+    extra = list(extra_sections)
+    if lm_rows or (not extra and (run / "short" / RESULTS_FILE).exists()):
+        section = _short_section(lm_rows or None, run / "short")
+        if section:
+            extra += [section, ""]
+    s = summarize(rows)
+    plots = _plots(s, run)
+    md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes)
+    return _write_page(run, md, {**s, "skipped_lines": store.skipped_lines, "foreign_rows": foreign})
+
+
+def _short_section(rows: list[dict] | None, folder: Path) -> str | None:
+    """The lm-eval section from ``rows``, or from ``folder/results.jsonl``; ``None`` without lm-eval."""
+    try:
+        from .lmeval import report_section
+    except ImportError as err:
+        logger.warning("short-task section skipped: %s", err)
+        return None
+    return report_section(rows if rows is not None else folder)

@@ -3,7 +3,9 @@
 One model is loaded once. For every method it is patched (``apply``), converted (the trained
 linear baselines) or left as it is (``full``). Samples are generated once per (task, length) from
 the tokenizer and the seed, so every method sees the same prompts. Each finished sample is
-appended to ``results.jsonl`` before the next one starts. A re-run skips what is already there.
+appended to ``results.jsonl`` before the next one starts. A re-run with the same settings skips what
+is already there; one with settings that change results (``eval/fingerprint.py``) is refused unless
+``new_run=True``. The run holds the folder's lock (``results.RunLock``) from start to end.
 
 Tasks:
     ``ppl``                             perplexity of essay windows at each length (chunked stream)
@@ -26,15 +28,26 @@ from ..patch import make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec, parse_spec
 from ..switch import use_method
-from .results import ResultsStore
+from .fingerprint import row_fingerprint, run_settings
+from .results import ResultsStore, RunLock, check_resume, check_run_dir
 
-__all__ = ["EvalConfig", "run_eval", "ALL_TASKS", "NIAH_TASKS", "BABILONG_TASKS", "greedy_generate"]
+__all__ = [
+    "EvalConfig",
+    "run_eval",
+    "planned_keys",
+    "ALL_TASKS",
+    "NIAH_TASKS",
+    "BABILONG_TASKS",
+    "DTYPES",
+    "greedy_generate",
+]
 
 logger = logging.getLogger(__name__)
 
 NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
 BABILONG_TASKS = tuple(f"babilong_qa{i}" for i in range(1, 6))
 ALL_TASKS = ("ppl", *NIAH_TASKS, *BABILONG_TASKS)
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -58,6 +71,12 @@ class EvalConfig:
         babilong_data: a folder replacing the shipped files: a bAbI folder (``qaN_*_test.txt``)
             or a BABILong JSON folder as the hub dataset ships it (``[data/]qa1/0k.json``),
             whose published samples are used verbatim. Needs ``babilong_facts="real"``.
+        dtype: ``float32``, ``bfloat16`` or ``float16`` for the model the runner loads; ``None``:
+            float32, or the given model's own dtype (a given model must match a dtype that is set).
+        device: where the runner puts the model it loads (``cpu``, ``cuda``, ``cuda:1``, ``auto``);
+            ``None``: cpu, or wherever the given model is.
+        batch_size: samples per forward pass. Not part of the run's fingerprint: it must not
+            change results.
     """
 
     model: str = "smollm2-135m"
@@ -77,8 +96,22 @@ class EvalConfig:
     ppl_bucket: int = 128
     babilong_facts: str = "real"
     babilong_data: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device is not None and self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise ValueError(
+                    f"unknown device {self.device!r}: use cpu, cuda, cuda:N, mps or auto"
+                ) from None
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         self.methods = [str(parse_spec(m)) for m in self.methods]
         if self.babilong_facts not in ("real", "generated"):
             raise ValueError(f"babilong_facts must be 'real' or 'generated', got {self.babilong_facts!r}")
@@ -212,22 +245,77 @@ def plan_size(config: EvalConfig) -> int:
     return total * len(config.methods)
 
 
+def _load_device(config: EvalConfig) -> str:
+    if config.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return config.device or "cpu"
+
+
+def planned_keys(config: EvalConfig) -> list[tuple]:
+    """Row keys (``results.KEY_FIELDS``) of every sample ``config`` asks for, in run order."""
+    keys = []
+    for method in config.methods:
+        for task in config.tasks:
+            n = config.ppl_windows if task == "ppl" else config.samples
+            for length in _task_lengths(task, config):
+                keys += [(config.model, task, method, length, config.seed, i) for i in range(n)]
+    return keys
+
+
 def run_eval(
     config: EvalConfig,
     out_dir: str,
     model_and_tokenizer: tuple | None = None,
     progress: bool = True,
     on_row: Callable[[dict], None] | None = None,
+    *,
+    new_run: bool = False,
 ) -> ResultsStore:
     """Run (or resume) every (method, task, length, sample) of ``config`` into ``out_dir``.
 
+    Every row carries ``fingerprint``, the hash of the settings that can change it
+    (``eval/fingerprint.py``); the folder records them in ``fingerprint.json``. A resume with the
+    same settings redoes nothing that is done, also when it asks for fewer (or more) tasks,
+    lengths or samples. The settings are checked before the model loads.
+
+    Args:
+        new_run: start over in place: the folder's old results, config and reports move to
+            ``previous-<UTC time>/``.
+
     Returns:
-        The results store (``store.rows()`` holds every finished sample, old and new).
+        The results store, its :attr:`~ResultsStore.selection` set to the cells ``config`` asked
+        for: ``store.rows()`` and ``len(store)`` cover those (done before or now), not the other
+        rows the folder may hold (``store.all_rows()``).
+
+    Raises:
+        RunMismatchError: the folder's results were made with other settings (names them).
+        RunLockedError: another run is writing the folder.
     """
-    store = ResultsStore(
-        out_dir, {"kind": "long-context", **config.to_dict(), "deviations": _deviations(config)}
-    )
-    model, tokenizer = model_and_tokenizer or load(config.model)
+    check_run_dir(out_dir)
+    given = model_and_tokenizer[0] if model_and_tokenizer is not None else None
+    settings = run_settings(config, given)
+    if not new_run:
+        check_resume(out_dir, settings)  # refuse before spending the model load
+    if model_and_tokenizer is None:
+        model_and_tokenizer = load(
+            config.model, device=_load_device(config), dtype=getattr(torch, config.dtype or "float32")
+        )
+    with RunLock(out_dir):
+        store = ResultsStore(
+            out_dir,
+            {"kind": "long-context", **config.to_dict(), "deviations": _deviations(config)},
+            settings=settings,
+            new_run=new_run,
+        )
+        store.select(planned_keys(config))
+        _run_cells(config, store, settings, model_and_tokenizer, progress, on_row)
+    return store
+
+
+def _run_cells(
+    config: EvalConfig, store: ResultsStore, settings: dict, model_and_tokenizer, progress, on_row
+):
+    model, tokenizer = model_and_tokenizer
     switch = _MethodSwitch(model, config)
     eos = _eos_ids(tokenizer, model)
     samples_cache: dict[tuple[str, int], list] = {}
@@ -250,6 +338,7 @@ def run_eval(
                         "method": method,
                         "length": length,
                         "seed": config.seed,
+                        "fingerprint": row_fingerprint(settings, task, method),
                     }
                     todo = [i for i in range(n) if not store.has({**base, "index": i})]
                     if bar is not None:
@@ -280,7 +369,6 @@ def run_eval(
             bar.close()
         if switch.current is not None and not switch.current.is_full:
             switch.use("full")
-    return store
 
 
 def _run_ppl(model, tokenizer, length: int, index: int, config: EvalConfig, cache: dict) -> dict:

@@ -1,0 +1,301 @@
+"""Run identity: the settings that can change a long-context result, and a short hash of them.
+
+:func:`run_settings` turns an ``EvalConfig`` (and the loaded model, when there is one) into a flat,
+readable dict; the run folder keeps it in ``fingerprint.json``. Every row carries
+:func:`row_fingerprint`, a 12-hex-digit hash of the part of that dict that applies to the row.
+A resume compares the folder's settings with the new ones (:func:`conflicts`) and refuses on any
+difference, so rows made under other settings are never reused or mixed in.
+
+In (the keys of the settings dict):
+
+- ``model``: the name given (packaged name, ``.gguf`` path, folder or hub id).
+- ``model_file``: what that name is: ``sha256:<hex>`` of the GGUF for a packaged name or a
+  ``.gguf`` path (hashed once, then cached by path, size and mtime in
+  ``$SINKWINDOW_CACHE/sha256.json``); for a folder, ``folder:<hex>``, a hash of its files: the
+  contents of files up to 64 MiB (config.json, tokenizer files, small weights) and the name, size
+  and mtime of larger ones (so re-saving big weights counts as a change); ``revision:<commit>`` for
+  a hub id (the loaded model's commit, else the local hub cache's ``main``, else ``unknown``);
+  ``unknown`` for any other name (an in-memory model handed to ``run_eval``: only its name counts).
+- ``dtype`` (of the parameters) and ``device`` (the kind: ``cpu``, ``cuda``, ``mps``; not the index).
+- ``chunk_size``, ``native_sliding``, ``seed``.
+- ``sinkwindow``: the version that generated the samples and scored them.
+- Task parameters, applying only to rows of their tasks: ``niah_max_new_tokens`` (S-NIAH),
+  ``babilong_facts``, ``babilong_data`` (``folder:<hex>`` of its file names and sizes, or
+  ``None``), ``babilong_chat`` (BABILong), ``ppl_bucket`` (perplexity).
+- ``checkpoint[M]``: ``sha256:<hex>`` of the trained checkpoint of linear baseline ``M``, explicit
+  or shipped (``M``'s rows only).
+
+Out: what a run selects (methods, tasks, lengths, samples, ppl_windows: sample ``i`` of a
+(task, length) is the same however many samples are drawn, since every generator is one seeded
+stream), ``batch_size`` and worker counts (they must not change results), progress bars, the
+output folder and timings.
+
+A row's fingerprint covers the global keys, its task's parameters, its method and that method's
+checkpoint. Task parameters and checkpoints of tasks and methods a run does not touch are not
+compared: ``eval babilong`` may resume a folder whose S-NIAH rows used another decode cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TASK_SETTINGS",
+    "run_settings",
+    "row_settings",
+    "row_fingerprint",
+    "settings_fingerprint",
+    "conflicts",
+    "cached_sha256",
+]
+
+logger = logging.getLogger(__name__)
+
+GLOBAL_SETTINGS = (
+    "model",
+    "model_file",
+    "dtype",
+    "device",
+    "chunk_size",
+    "native_sliding",
+    "seed",
+    "sinkwindow",
+)
+# Task parameters by the task-name prefix whose rows they change.
+TASK_SETTINGS = {
+    "niah_max_new_tokens": "niah_",
+    "babilong_facts": "babilong_",
+    "babilong_data": "babilong_",
+    "babilong_chat": "babilong_",
+    "ppl_bucket": "ppl",
+}
+# Files above this are identified by name, size and mtime, not by their contents.
+CONTENT_HASH_LIMIT = 64 << 20
+
+
+def _checkpoint_key(method: str) -> str:
+    return f"checkpoint[{method}]"
+
+
+def settings_fingerprint(settings: dict) -> str:
+    """12 hex digits of the sha256 of ``settings`` as canonical JSON."""
+    text = json.dumps(settings, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _applies(key: str, task: str, method: str) -> bool:
+    if key in GLOBAL_SETTINGS:
+        return True
+    if key.startswith("checkpoint["):
+        return key == _checkpoint_key(method)
+    prefix = TASK_SETTINGS.get(key)
+    return prefix is not None and task.startswith(prefix)
+
+
+def row_settings(settings: dict, task: str, method: str) -> dict:
+    """The part of ``settings`` that can change a row of ``task`` under ``method``, plus the method."""
+    out = {k: v for k, v in settings.items() if _applies(k, task, method)}
+    out["method"] = method
+    return out
+
+
+def row_fingerprint(settings: dict, task: str, method: str) -> str:
+    return settings_fingerprint(row_settings(settings, task, method))
+
+
+def conflicts(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every setting both runs define differently.
+
+    A global key missing on one side counts as a difference; task parameters and checkpoints are
+    compared only where both runs have them (a run without S-NIAH has no decode cap to compare).
+    """
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key not in GLOBAL_SETTINGS and (key not in old or key not in new):
+            continue
+        if old.get(key) != new.get(key):
+            out.append((key, old.get(key), new.get(key)))
+    return out
+
+
+def cached_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file, remembered by (resolved path, size, mtime) in ``$SINKWINDOW_CACHE/sha256.json``."""
+    from ..linear.adapters import file_sha256
+    from ..models import cache_root
+
+    p = Path(path).resolve()
+    st = p.stat()
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    index_path = cache_root() / "sha256.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        index = {}
+    hit = index.get(str(p))
+    if isinstance(hit, dict) and {k: hit.get(k) for k in stamp} == stamp and hit.get("sha256"):
+        return hit["sha256"]
+    digest = file_sha256(p)
+    # Entries of files that are gone (temporary folders) would only grow the index.
+    index = {k: v for k, v in index.items() if os.path.exists(k)}
+    index[str(p)] = {**stamp, "sha256": digest}
+    try:
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index_path.with_name(f"sha256.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
+        tmp.replace(index_path)
+    except OSError as err:  # a read-only cache only costs the next run the same hashing
+        logger.debug("could not cache the sha256 of %s: %s", p, err)
+    return digest
+
+
+def _folder_digest(folder: Path, files: Iterable[Path], contents: bool) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files):
+        st = f.stat()
+        rel = f.relative_to(folder).as_posix()
+        if contents and st.st_size <= CONTENT_HASH_LIMIT:
+            h.update(f"{rel}\0{cached_sha256(f)}\n".encode())
+        elif contents:
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        else:
+            h.update(f"{rel}\0{st.st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _visible_files(folder: Path, recursive: bool) -> list[Path]:
+    found = folder.rglob("*") if recursive else folder.iterdir()
+    return [
+        f
+        for f in found
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts)
+    ]
+
+
+def _hub_revision(repo_id: str, model) -> str:
+    commit = getattr(getattr(model, "config", None), "_commit_hash", None)
+    if commit:
+        return str(commit)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo_id, "config.json")
+    except Exception as err:  # noqa: BLE001 - an unreadable hub cache just leaves the revision unknown
+        logger.debug("no hub revision for %s: %s", repo_id, err)
+        return "unknown"
+    # The cache keeps files under snapshots/<commit>/.
+    return Path(hit).parent.name if isinstance(hit, str) else "unknown"
+
+
+def model_identity(name: str, model=None) -> str:
+    """``model_file`` of :func:`run_settings` (see the module docstring)."""
+    from ..models import PACKAGED_MODELS, resolve_gguf
+
+    path = Path(name).expanduser()
+    if name in PACKAGED_MODELS:
+        return "sha256:" + cached_sha256(resolve_gguf(name))
+    if path.suffix == ".gguf" and path.is_file():
+        return "sha256:" + cached_sha256(path)
+    if path.is_dir():
+        return "folder:" + _folder_digest(path, _visible_files(path, recursive=False), contents=True)
+    if "/" in name and not path.exists():
+        return "revision:" + _hub_revision(name, model)
+    return "unknown"
+
+
+def _param_dtype_device(model) -> tuple[str, str] | None:
+    try:
+        p = next(model.parameters())
+    except (AttributeError, StopIteration):
+        return None
+    return str(p.dtype).removeprefix("torch."), p.device.type
+
+
+def device_kind(device: str | None) -> str:
+    """``cpu`` for ``None``; ``auto`` is cuda when there is one; ``cuda:1`` -> ``cuda``."""
+    import torch
+
+    if device is None:
+        return "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device).type
+
+
+def _checkpoint_file(config, method: str) -> Path | None:
+    from ..linear.adapters import shipped_adapter
+    from ..linear.checkpoint import resolve_checkpoint
+
+    given = config.checkpoints.get(method)
+    if given is not None:
+        return resolve_checkpoint(given)
+    return shipped_adapter(config.model, method)
+
+
+def run_settings(config, model=None) -> dict[str, Any]:
+    """The settings of ``config`` (an ``EvalConfig``) that can change a result, as a flat dict.
+
+    ``model``: the loaded model when the caller has one; its parameters' dtype and device then
+    count (and must agree with ``config.dtype``/``config.device`` where those are set).
+
+    Raises:
+        ValueError: ``config.dtype``/``config.device`` disagree with ``model``.
+        FileNotFoundError: a packaged model that is not installed, or a missing checkpoint.
+    """
+    import importlib.metadata as md
+
+    from ..spec import parse_spec
+
+    dtype = config.dtype or "float32"
+    device = device_kind(config.device)
+    seen = _param_dtype_device(model) if model is not None else None
+    if seen is not None:
+        if config.dtype is not None and seen[0] != config.dtype:
+            raise ValueError(
+                f"the model given is {seen[0]} but the config asks for dtype {config.dtype}: load it with "
+                f"dtype=torch.{config.dtype}, or leave dtype unset"
+            )
+        if config.device is not None and seen[1] != device:
+            raise ValueError(
+                f"the model given is on {seen[1]} but the config asks for device {config.device}: move it "
+                f"there, or leave device unset"
+            )
+        dtype, device = seen
+    try:
+        version = md.version("sinkwindow")
+    except md.PackageNotFoundError:
+        version = "unknown"
+    settings: dict[str, Any] = {
+        "model": config.model,
+        "model_file": model_identity(config.model, model),
+        "dtype": dtype,
+        "device": device,
+        "chunk_size": config.chunk_size,
+        "native_sliding": config.native_sliding,
+        "seed": config.seed,
+        "sinkwindow": version,
+    }
+    tasks = list(config.tasks)
+    if any(t.startswith("niah_") for t in tasks):
+        settings["niah_max_new_tokens"] = config.niah_max_new_tokens
+    if any(t.startswith("babilong_") for t in tasks):
+        data = config.babilong_data
+        settings["babilong_facts"] = config.babilong_facts
+        settings["babilong_data"] = (
+            None
+            if data is None
+            else "folder:" + _folder_digest(Path(data), _visible_files(Path(data), recursive=True), False)
+        )
+        settings["babilong_chat"] = config.babilong_chat
+    if "ppl" in tasks:
+        settings["ppl_bucket"] = config.ppl_bucket
+    for method in config.methods:
+        if parse_spec(method).is_linear:
+            path = _checkpoint_file(config, method)
+            settings[_checkpoint_key(method)] = None if path is None else "sha256:" + cached_sha256(path)
+    return settings

@@ -249,3 +249,25 @@ def test_cli_babilong_facts_flags(tiny_pair, tmp_path, capsys):
     args = build_parser().parse_args(["compare", "--babilong-facts", "generated", "--babilong-data", "d"])
     assert (args.babilong_facts, args.babilong_data) == ("generated", "d")
     assert build_parser().parse_args(["compare"]).babilong_facts == "real"
+
+
+def _predictions(store) -> dict:
+    keep = ("prediction", "score", "n_prompt_tokens", "fingerprint")
+    return {(r["method"], r["task"], r["length"], r["index"]): {k: r.get(k) for k in keep} for r in store.rows()}
+
+
+def test_batched_samples_equal_one_at_a_time(tiny_pair, tmp_path):
+    # Left-padded batches with per-row sinks, EOS and caps must give each sample's rows exactly.
+    kw = dict(
+        methods=["full", "swa:16:4", "evict:16:4"],
+        tasks=["niah_single_1", "niah_single_2", "babilong_qa1"],
+        samples=3,
+        niah_max_new_tokens=6,
+    )
+    one = run_eval(_config(**kw, batch_size=1), tmp_path / "one", model_and_tokenizer=tiny_pair, progress=False)
+    batched = run_eval(
+        _config(**kw, batch_size=3), tmp_path / "three", model_and_tokenizer=tiny_pair, progress=False
+    )
+    a, b = _predictions(one), _predictions(batched)
+    assert len(a) == 3 * 3 * 4 and a == b
+    assert len({r["n_prompt_tokens"] for r in one.rows()}) > 1  # the rows really were padded

@@ -62,7 +62,7 @@ def test_eval_cli_end_to_end_tiny(smollm2, tmp_path):
             "--methods",
             "full,swa:64:4",
             "--niah-max-new-tokens",
-            "0",
+            "auto",
             "--no-progress",
             "--out",
             str(out),
@@ -78,3 +78,32 @@ def test_eval_cli_end_to_end_tiny(smollm2, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["model"] == "smollm2-135m" and config["versions"]["transformers"]
     assert "S-NIAH-2" in (out / "report.md").read_text()
+
+
+def test_batched_evaluation_equals_one_at_a_time(smollm2, tmp_path):
+    """Predictions and scores of a left-padded batch equal one-at-a-time decoding, on the real model."""
+    from sinkwindow.eval.runner import EvalConfig, run_eval
+    from sinkwindow.linear import convert, revert, save_checkpoint
+
+    model, tok = smollm2
+    # An untrained lolcats:64 adapter is enough here: the question is batching, not quality.
+    convert(model, "lolcats:64")
+    ckpt = save_checkpoint(model, tmp_path / "lolcats64" / "model.safetensors")
+    revert(model)
+    kw = dict(
+        model="smollm2-135m",
+        methods=["full", "swa:64:4", "evict:64:4", "lolcats:64"],
+        tasks=["niah_single_2", "babilong_qa1"],
+        lengths=[1024],
+        babilong_lengths=[0],
+        samples=3,
+        niah_max_new_tokens=12,
+        checkpoints={"lolcats:64": str(ckpt)},
+    )
+    rows = {}
+    for bs in (1, 3):
+        store = run_eval(EvalConfig(**kw, batch_size=bs), tmp_path / f"bs{bs}", model_and_tokenizer=smollm2)
+        rows[bs] = {
+            (r["method"], r["task"], r["index"]): (r["prediction"], r["score"]) for r in store.rows()
+        }
+    assert len(rows[1]) == 4 * 2 * 3 and rows[1] == rows[3]

@@ -40,10 +40,15 @@ __all__ = [
     "BABILONG_TASKS",
     "DTYPES",
     "greedy_generate",
+    "greedy_generate_batch",
 ]
 
 logger = logging.getLogger(__name__)
 
+# Samples per batch when none is asked for. CPU: decode is where batching pays (a 4K prefill already
+# fills the matrix units), and 8 rows of a 4K full-attention cache stay under 2 GB for SmolLM2;
+# see benchmarks/eval_batching.py. GPU: wide batches are cheap.
+DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
 NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
 BABILONG_TASKS = tuple(f"babilong_qa{i}" for i in range(1, 6))
 ALL_TASKS = ("ppl", *NIAH_TASKS, *BABILONG_TASKS)
@@ -75,8 +80,9 @@ class EvalConfig:
             float32, or the given model's own dtype (a given model must match a dtype that is set).
         device: where the runner puts the model it loads (``cpu``, ``cuda``, ``cuda:1``, ``auto``);
             ``None``: cpu, or wherever the given model is.
-        batch_size: samples per forward pass. Not part of the run's fingerprint: it must not
-            change results.
+        batch_size: samples of one (task, length, method) decoded as one left-padded batch;
+            ``None``: ``DEFAULT_BATCH`` for the device (linear baselines and perplexity always run
+            one at a time). Not part of the run's fingerprint: it must not change results.
     """
 
     model: str = "smollm2-135m"
@@ -98,7 +104,7 @@ class EvalConfig:
     babilong_data: str | None = None
     dtype: str | None = None
     device: str | None = None
-    batch_size: int = 1
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -110,7 +116,7 @@ class EvalConfig:
                 raise ValueError(
                     f"unknown device {self.device!r}: use cpu, cuda, cuda:N, mps or auto"
                 ) from None
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         self.methods = [str(parse_spec(m)) for m in self.methods]
         if self.babilong_facts not in ("real", "generated"):
@@ -162,6 +168,63 @@ def greedy_generate(
         step = model(torch.tensor([[nxt]], device=device), cache=cache, use_cache=True)
         nxt = int(step.logits[0, -1].argmax())
     return out
+
+
+@torch.no_grad()
+def greedy_generate_batch(
+    model,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: Sequence[int],
+    eos_ids: Sequence[int],
+    chunk_size: int,
+    pad_id: int,
+) -> list[list[int]]:
+    """``greedy_generate`` for several prompts at once: one left-padded batch, per-row EOS and caps.
+
+    The rows go through chunked prefill with a padding mask (each row keeps its own first s real
+    tokens as sinks, and positions count real tokens only) and batched greedy decoding
+    (``sinkwindow.generate``) up to the largest cap; each row is then cut at its first EOS and at
+    its own cap. Greedy decoding is causal, so the tokens a row would have produced alone are
+    exactly its first ones here; tests hold batched and one-at-a-time predictions equal.
+
+    Args:
+        prompts: ``[1, n_i]`` token ids per row.
+        max_new_tokens: each row's cap.
+        pad_id: filler for the padding (never attended to).
+
+    Returns:
+        The new tokens of each row, without the EOS.
+    """
+    from ..generate import generate
+
+    if len(prompts) == 1:
+        return [greedy_generate(model, prompts[0], max_new_tokens[0], eos_ids, chunk_size)]
+    n = max(p.shape[1] for p in prompts)
+    device = prompts[0].device
+    ids = torch.full((len(prompts), n), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), n), dtype=torch.long, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, n - p.shape[1] :] = p[0]
+        mask[b, n - p.shape[1] :] = 1
+    out = generate(
+        model,
+        ids,
+        max(max_new_tokens),
+        attention_mask=mask,
+        chunk_size=chunk_size,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+    )
+    eos = set(eos_ids)
+    rows = []
+    for b, cap in enumerate(max_new_tokens):
+        new: list[int] = []
+        for t in out[b, n:].tolist()[:cap]:
+            if t in eos:
+                break
+            new.append(t)
+        rows.append(new)
+    return rows
 
 
 def _eos_ids(tokenizer, model) -> list[int]:
@@ -316,6 +379,7 @@ def _run_cells(
     config: EvalConfig, store: ResultsStore, settings: dict, model_and_tokenizer, progress, on_row
 ):
     model, tokenizer = model_and_tokenizer
+    batch_size = config.batch_size or DEFAULT_BATCH.get(next(model.parameters()).device.type, 1)
     switch = _MethodSwitch(model, config)
     eos = _eos_ids(tokenizer, model)
     samples_cache: dict[tuple[str, int], list] = {}
@@ -349,21 +413,27 @@ def _run_cells(
                         model = switch.use(method)
                     if bar is not None:
                         bar.set_postfix_str(f"{method} {task} {length}")
-                    for i in todo:
+                    # Linear baselines decode one sample at a time: their kernels take no padding mask.
+                    bs = 1 if task == "ppl" or parse_spec(method).is_linear else batch_size
+                    for start in range(0, len(todo), bs):
+                        batch = todo[start : start + bs]
                         t0 = time.perf_counter()
                         if task == "ppl":
-                            row = _run_ppl(model, tokenizer, length, i, config, ppl_cache)
+                            rows = [_run_ppl(model, tokenizer, length, batch[0], config, ppl_cache)]
                         else:
                             key = (task, length)
                             if key not in samples_cache:
                                 samples_cache[key] = _build_samples(task, tokenizer, length, config)
-                            row = _run_sample(model, tokenizer, task, samples_cache[key][i], config, eos)
-                        row.update(base, index=i, seconds=round(time.perf_counter() - t0, 3))
-                        store.append(row)
-                        if on_row is not None:
-                            on_row(row)
+                            samples = [samples_cache[key][i] for i in batch]
+                            rows = _run_samples(model, tokenizer, task, samples, config, eos)
+                        seconds = round((time.perf_counter() - t0) / len(batch), 3)
+                        for i, row in zip(batch, rows):
+                            row.update(base, index=i, seconds=seconds)
+                            store.append(row)
+                            if on_row is not None:
+                                on_row(row)
                         if bar is not None:
-                            bar.update(1)
+                            bar.update(len(batch))
     finally:
         if bar is not None:
             bar.close()
@@ -388,38 +458,61 @@ def _run_ppl(model, tokenizer, length: int, index: int, config: EvalConfig, cach
     }
 
 
-def _run_sample(model, tokenizer, task: str, sample, config: EvalConfig, eos: list[int]) -> dict:
+def _prepare_sample(tokenizer, task: str, sample, config: EvalConfig):
+    """``(prompt ids [1, n], decode cap, finish)``; ``finish(prediction text)`` gives the row."""
     if task in NIAH_TASKS:
         from .niah import ruler_string_match
 
-        text = sample.text
-        ids = _encode(tokenizer, text, chat_wrapped=False)
+        ids = _encode(tokenizer, sample.text, chat_wrapped=False)
         cap = config.niah_max_new_tokens
         if cap is None:
             cap = max(len(tokenizer(o, add_special_tokens=False).input_ids) for o in sample.outputs) + 16
-        max_new = min(sample.max_new_tokens, cap)
-        pred_ids = greedy_generate(model, ids, max_new, eos, config.chunk_size)
-        pred = tokenizer.decode(pred_ids, skip_special_tokens=True)
-        return {
-            "score": ruler_string_match(pred, sample.outputs),
-            "metric": "string_match",
-            "prediction": pred,
-            "answer": sample.outputs,
-            "depth": sample.depth,
-            "n_prompt_tokens": int(ids.shape[1]),
-        }
+
+        def finish(pred: str) -> dict:
+            return {
+                "score": ruler_string_match(pred, sample.outputs),
+                "metric": "string_match",
+                "prediction": pred,
+                "answer": sample.outputs,
+                "depth": sample.depth,
+                "n_prompt_tokens": int(ids.shape[1]),
+            }
+
+        return ids, min(sample.max_new_tokens, cap), finish
     text = _babilong_input(sample, tokenizer, config.babilong_chat)
     ids = _encode(tokenizer, text, chat_wrapped=text != sample.prompt)
-    pred_ids = greedy_generate(model, ids, sample.max_new_tokens, eos, config.chunk_size)
-    pred = tokenizer.decode(pred_ids, skip_special_tokens=True)
-    return {
-        "score": sample.score(pred),
-        "metric": "compare_answers",
-        "prediction": pred,
-        "answer": sample.target,
-        "question": sample.question,
-        "n_prompt_tokens": int(ids.shape[1]),
-    }
+
+    def finish(pred: str) -> dict:
+        return {
+            "score": sample.score(pred),
+            "metric": "compare_answers",
+            "prediction": pred,
+            "answer": sample.target,
+            "question": sample.question,
+            "n_prompt_tokens": int(ids.shape[1]),
+        }
+
+    return ids, sample.max_new_tokens, finish
+
+
+def _run_samples(
+    model, tokenizer, task: str, samples: list, config: EvalConfig, eos: list[int]
+) -> list[dict]:
+    """Rows of several samples of one (task, length, method), decoded as one batch."""
+    prepared = [_prepare_sample(tokenizer, task, s, config) for s in samples]
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    preds = greedy_generate_batch(
+        model,
+        [ids.to(device) for ids, _, _ in prepared],
+        [cap for _, cap, _ in prepared],
+        eos,
+        config.chunk_size,
+        pad,
+    )
+    return [
+        finish(tokenizer.decode(p, skip_special_tokens=True)) for (_, _, finish), p in zip(prepared, preds)
+    ]
 
 
 def _deviations(config: EvalConfig) -> list[str]:

@@ -322,8 +322,10 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
 
 
+# Sizes mean k = 1024 and M = 1024**2 in every subcommand (sinkwindow.args), token budgets included.
 @pytest.mark.parametrize(
-    "text,n", [("1M", 1_000_000), ("500k", 500_000), ("2.5M", 2_500_000), ("4096", 4096)]
+    "text,n",
+    [("1M", 1_048_576), ("500k", 512_000), ("2.5M", 2_621_440), ("4096", 4096), ("1000000", 1_000_000)],
 )
 def test_parse_tokens(text, n):
     assert parse_tokens(text) == n

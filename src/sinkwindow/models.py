@@ -33,7 +33,6 @@ __all__ = [
     "resolve_gguf",
     "list_models",
     "cache_root",
-    "add_model_argument",
 ]
 
 logger = logging.getLogger(__name__)
@@ -261,7 +260,9 @@ def load(
         model, tokenizer = _load_gguf(path, dtype)
     elif path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is a folder but holds no model (no config.json): pass a saved model folder")
+            raise FileNotFoundError(
+                f"{path} is a folder but holds no model (no config.json): pass a saved model folder"
+            )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     elif "/" in name and not path.exists():
@@ -306,12 +307,3 @@ def list_models() -> list[dict]:
             }
         )
     return rows
-
-
-def add_model_argument(parser) -> None:
-    """``--model`` as every ``sinkwindow`` subcommand spells it (default: :data:`DEFAULT_MODEL`)."""
-    parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
-    )

@@ -15,57 +15,62 @@ import argparse
 import json
 import sys
 
+from .. import args as cli_args
+
 __all__ = ["register", "build_parser", "main", "parse_contexts"]
 
 
 def parse_contexts(text: str) -> tuple[int, ...]:
-    """``"1024,8K,256k"`` -> ``(1024, 8192, 262144)``; ``""`` or ``"none"`` -> ``()``."""
-    text = text.strip().lower()
-    if text in ("", "none"):
+    """``"1024,8K,256k"`` -> ``(1024, 8192, 262144)`` (k = 1024, M = 1024**2); ``"none"`` -> ``()``.
+
+    An empty string is refused: "no cells" is said with ``none``, never by accident.
+    """
+    text = str(text).strip()
+    if text.lower() == "none":
         return ()
+    if not text:
+        raise argparse.ArgumentTypeError("no contexts given: list some (e.g. 1K,8K) or say none")
     out = []
     for part in text.split(","):
-        part = part.strip()
-        scale = 1
-        if part.endswith("k"):
-            part, scale = part[:-1], 1024
-        elif part.endswith("m"):
-            part, scale = part[:-1], 1 << 20
         try:
-            value = int(part) * scale
-        except ValueError:
+            value = cli_args.parse_size(part)
+        except argparse.ArgumentTypeError:
             raise argparse.ArgumentTypeError(
-                f"bad context {part!r}: use integers like 1024, 8K, 256K"
+                f"bad context {part.strip()!r}: use integers like 1024, 8K, 256K ({cli_args.SIZE_HELP})"
             ) from None
         if value <= 0:
-            raise argparse.ArgumentTypeError(f"contexts must be positive, got {value}")
+            raise argparse.ArgumentTypeError(f"contexts must be positive, got {part.strip()!r}")
         out.append(value)
     return tuple(out)
 
 
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in str(text).split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"give model names separated by single commas, e.g. synthetic,smollm2-135m; got {text!r}"
+        )
+    return names
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("grid")
     g.add_argument(
         "--model",
-        type=_csv,
+        type=_names,
         default=None,
         help="comma list: synthetic, smollm2-135m, hub ids, folders (default: synthetic,smollm2-135m)",
     )
-    g.add_argument(
-        "--methods",
-        type=_csv,
-        default=None,
-        help="comma list of specs (default: full,swa:64:4,swa:512:4,linear,lolcats:64)",
+    cli_args.add_methods(
+        g,
+        None,
+        help="method specs, comma-separated and/or repeated (default: full,swa:64:4,swa:512:4,linear,lolcats:64)",
     )
     g.add_argument(
         "--contexts",
         type=parse_contexts,
         default=None,
-        help="decode contexts, e.g. 1K,8K,64K (default: 32 and 128..256K, powers of 2)",
+        help=f"decode contexts, e.g. 1K,8K,64K; {cli_args.SIZE_HELP} (default: 32 and 128..256K, powers of 2)",
     )
     g.add_argument(
         "--prefill-contexts",
@@ -73,12 +78,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="prefill contexts, or 'none' (default: 1K..32K)",
     )
-    g.add_argument("--steps", type=int, default=None, help="timed decode steps per cell (default: 32)")
-    g.add_argument("--warmup", type=int, default=None, help="untimed decode steps first (default: 4)")
-    g.add_argument("--chunk-size", type=int, default=None, help="prefill chunk for SWA (default: 512)")
+    g.add_argument(
+        "--steps",
+        type=cli_args.integer(1, what="--steps"),
+        default=None,
+        help="timed decode steps per cell (default: 32)",
+    )
+    g.add_argument(
+        "--warmup",
+        type=cli_args.integer(0, what="--warmup"),
+        default=None,
+        help="untimed decode steps first (default: 4)",
+    )
+    cli_args.add_chunk_size(g, None, help="prefill chunk for SWA, tokens (default: 512)")
     g.add_argument(
         "--real-prefill-max",
-        type=int,
+        type=cli_args.size(0, what="--real-prefill-max"),
         default=None,
         help="decode cells up to this context prefill for real; longer ones fill the cache state directly (default: 4096)",
     )
@@ -86,47 +101,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("caps (say so in the output instead of crashing)")
     c.add_argument(
         "--time-cap",
-        type=float,
+        type=cli_args.real(0, what="--time-cap"),
         default=None,
         help="skip cells predicted to take longer, seconds (default: 300)",
     )
     c.add_argument(
         "--mem-budget-gib",
-        type=float,
+        type=cli_args.real(0, what="--mem-budget-gib"),
         default=None,
         help="skip cells whose cache is projected above this (default: 8 GiB, at most 40%% of available RAM; 80%% of free GPU memory on CUDA)",
     )
     d = p.add_argument_group("device")
-    d.add_argument("--device", default=None, help="auto (cuda if present), cpu, cuda[:i] (default: auto)")
     d.add_argument(
-        "--dtype",
+        "--device",
+        type=cli_args.device,
         default=None,
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="default: float32 on CPU, bfloat16 on CUDA",
+        help="auto (cuda if present), cpu, cuda[:i] (default: auto)",
     )
-    d.add_argument(
-        "--threads",
-        type=int,
-        default=None,
+    cli_args.add_dtype(d, None, auto=True, shown="float32 on CPU, bfloat16 on CUDA")
+    cli_args.add_threads(
+        d,
         help="torch CPU threads (default: torch's choice); on a machine shared with other busy processes use 1: "
         "OpenMP threads that wait for each other at every op made 2-thread decode ~3x slower here",
     )
     d.add_argument(
         "--bandwidth-mib",
-        type=int,
+        type=cli_args.integer(0, what="--bandwidth-mib"),
         default=None,
         help="bandwidth buffer for the roofline, 0 to skip (default: 1024)",
     )
     s = p.add_argument_group("synthetic model (paper §4.3 defaults)")
-    s.add_argument("--layers", type=int, default=4)
-    s.add_argument("--hidden", type=int, default=1024)
-    s.add_argument("--heads", type=int, default=16)
-    s.add_argument("--kv-heads", type=int, default=None, help="default: = heads")
-    s.add_argument("--intermediate", type=int, default=None, help="default: 8/3 x hidden rounded to 256")
-    s.add_argument("--vocab", type=int, default=32000)
+    s.add_argument("--layers", type=cli_args.integer(1, what="--layers"), default=4)
+    s.add_argument("--hidden", type=cli_args.integer(1, what="--hidden"), default=1024)
+    s.add_argument("--heads", type=cli_args.integer(1, what="--heads"), default=16)
+    s.add_argument(
+        "--kv-heads", type=cli_args.integer(1, what="--kv-heads"), default=None, help="default: = heads"
+    )
+    s.add_argument(
+        "--intermediate",
+        type=cli_args.integer(1, what="--intermediate"),
+        default=None,
+        help="default: 8/3 x hidden rounded to 256",
+    )
+    s.add_argument("--vocab", type=cli_args.integer(2, what="--vocab"), default=32000)
     o = p.add_argument_group("output")
-    o.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
-    o.add_argument("--seed", type=int, default=0)
+    cli_args.add_out(o, "runs/bench", help="output folder")
+    cli_args.add_seed(o, 0)
     o.add_argument("--no-plots", action="store_true")
     o.add_argument(
         "--report-only", action="store_true", help="rebuild the report from DIR/bench.jsonl without measuring"
@@ -204,6 +224,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .suite import run_bench
 
     if args.report_only:
+        if not (Path(args.out) / "bench.jsonl").is_file():
+            raise FileNotFoundError(
+                f"--report-only: no bench.jsonl in {args.out}; measure first with sinkwindow bench --out {args.out}"
+            )
         rows = load_rows(Path(args.out))
         plots = not args.no_plots
     else:
@@ -247,11 +271,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The standalone command's exit code; user errors print one line (``--debug``: the traceback)."""
     import logging
 
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return _cmd_bench(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+
+    def run() -> int:
+        parser = build_parser()
+        cli_args.add_global_flags(parser)
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        return _cmd_bench(args)
+
+    return cli_args.run_reporting_errors(run, prog="bench_efficiency", debug=cli_args.wants_debug(argv))
 
 
 if __name__ == "__main__":

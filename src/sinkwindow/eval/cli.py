@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
-from ..models import add_model_argument
+from .. import args as cli_args
 
-__all__ = ["register", "COMPARE_SIZES"]
+__all__ = ["register", "COMPARE_SIZES", "NIAH_MIN_LENGTH", "BABILONG_MIN_LENGTH", "PPL_MIN_LENGTH"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,56 +36,81 @@ COMPARE_SIZES: dict[str, dict] = {
     ),
 }
 
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    out = []
-    for t in _csv(text):
-        t = t.lower()
-        mult = 1024 if t.endswith("k") else 1
-        out.append(int(float(t.rstrip("k")) * mult))
-    return out
-
-
-def _checkpoints(pairs: list[str] | None) -> dict[str, str]:
-    out = {}
-    for p in pairs or []:
-        if "=" not in p:
-            raise ValueError(f"--checkpoint takes METHOD=PATH (e.g. lolcats:64=runs/lolcats64), got {p!r}")
-        m, path = p.split("=", 1)
-        from ..spec import parse_spec
-
-        out[str(parse_spec(m))] = path
-    return out
+# The smallest lengths worth running, checked while parsing (tests keep them equal to the generators'
+# constants, which live in modules too heavy to import for --help):
+# S-NIAH sizes its haystack with niah.TOKENS_TO_GENERATE = 128 answer tokens reserved, and RULER's
+# templates take 85-114 more (SmolLM2's tokenizer), so below 2 x 128 no sample fits.
+NIAH_ANSWER_TOKENS = 128
+NIAH_MIN_LENGTH = 2 * NIAH_ANSWER_TOKENS
+# BABILong keeps babilong.PROMPT_RESERVE = 300 tokens for the prompt; 100 more hold the facts and
+# some background. 0 is BABILong's 0K (the facts alone).
+BABILONG_PROMPT_RESERVE = 300
+BABILONG_MIN_LENGTH = BABILONG_PROMPT_RESERVE + 100
+# Perplexity needs one token to predict from and one to predict.
+PPL_MIN_LENGTH = 2
 
 
-def _add_common(p: argparse.ArgumentParser, methods_default: str) -> None:
-    add_model_argument(p)
-    p.add_argument(
-        "--method",
-        "--methods",
-        dest="methods",
-        default=methods_default,
-        help="comma-separated methods (default: %(default)s)",
-    )
-    p.add_argument(
-        "--checkpoint",
-        action="append",
-        metavar="METHOD=PATH",
-        help="trained checkpoint of a linear baseline, e.g. lolcats:64=runs/lolcats64 (repeatable)",
-    )
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk (default: %(default)s)")
+def _decode_cap(text: str) -> int | None:
+    """``--niah-max-new-tokens``: ``auto`` (answer length + 16) -> ``None``, or 1 .. 128 tokens."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"use auto or an integer from 1 to {NIAH_ANSWER_TOKENS}, got {text!r}"
+        ) from None
+    if not 1 <= value <= NIAH_ANSWER_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {NIAH_ANSWER_TOKENS} (the answer budget every haystack is sized with), "
+            f"or auto for the answer's length + 16; got {value}"
+        )
+    return value
+
+
+def _task_list(family: str):
+    def parse(text: str) -> list[str]:
+        from .runner import BABILONG_TASKS, NIAH_TASKS
+
+        known = {"niah": NIAH_TASKS, "babilong": BABILONG_TASKS, "ppl": ("ppl",)}[family]
+        tasks = [t.strip() for t in str(text).split(",")]
+        if not all(tasks):
+            raise argparse.ArgumentTypeError(
+                f"give task names separated by single commas, from {', '.join(known)}"
+            )
+        unknown = [t for t in tasks if t not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {family} task(s) {', '.join(unknown)}; choose from {', '.join(known)}"
+            )
+        return list(dict.fromkeys(tasks))
+
+    parse.__name__ = "task list"
+    return parse
+
+
+def _add_common(p: argparse.ArgumentParser, methods_default: list[str]) -> None:
+    cli_args.add_model(p)
+    cli_args.add_methods(p, methods_default)
+    cli_args.add_checkpoint(p)
+    cli_args.add_seed(p, 42)
+    cli_args.add_chunk_size(p, 512)
     p.add_argument(
         "--native-sliding",
         choices=["override", "keep"],
         default="override",
         help="SWA on models with native sliding layers: every layer, or global layers only",
     )
-    p.add_argument("--no-progress", action="store_true")
+    cli_args.add_device(p, None, shown="cpu")
+    cli_args.add_dtype(p, None, shown="float32")
+    p.add_argument(
+        "--batch-size",
+        type=cli_args.integer(1, what="--batch-size"),
+        default=1,
+        help="samples per forward pass; results do not depend on it (default: %(default)s)",
+    )
+    cli_args.add_no_progress(p)
+    cli_args.add_new_run(p)
 
 
 def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
@@ -110,13 +136,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .report import write_report
     from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig, run_eval
 
-    tasks = {"niah": list(NIAH_TASKS), "babilong": list(BABILONG_TASKS), "ppl": ["ppl"]}[args.family]
-    if args.tasks:
-        tasks = _csv(args.tasks)
-    lengths = _ints(args.lengths)
+    tasks = (
+        args.tasks
+        or {"niah": list(NIAH_TASKS), "babilong": list(BABILONG_TASKS), "ppl": ["ppl"]}[args.family]
+    )
+    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
+    lengths = args.lengths
     cfg = EvalConfig(
         model=args.model,
-        methods=_csv(args.methods),
+        methods=methods,
         tasks=tasks,
         lengths=lengths,
         babilong_lengths=lengths,
@@ -125,27 +153,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         ppl_windows=args.samples,
         seed=args.seed,
         chunk_size=args.chunk_size,
-        niah_max_new_tokens=None if args.niah_max_new_tokens == 0 else args.niah_max_new_tokens,
+        niah_max_new_tokens=getattr(args, "niah_max_new_tokens", NIAH_ANSWER_TOKENS),
         native_sliding=args.native_sliding,
-        checkpoints=_checkpoints(args.checkpoint),
+        checkpoints=checkpoints,
         babilong_facts=getattr(args, "babilong_facts", "real"),
         babilong_data=getattr(args, "babilong_data", None),
+        device=args.device and cli_args.resolve_device(args.device),
+        dtype=args.dtype,
+        batch_size=args.batch_size,
     )
-    store = run_eval(cfg, args.out, progress=not args.no_progress)
+    store = run_eval(cfg, args.out, progress=not args.no_progress, new_run=args.new_run)
     path = write_report(args.out)
-    print(f"{len(store)} results in {Path(args.out) / 'results.jsonl'}; report: {path}")
+    results = Path(args.out) / "results.jsonl"
+    print(f"{len(store)} results in {results}; report: {path}")
+    print(json.dumps({"out": str(args.out), "results": len(store), "report": str(path)}))
     return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    import torch
+
     from ..models import load
     from .report import write_report
     from .runner import EvalConfig, plan_size, run_eval
 
     size = "full" if args.full else "quick"
-    checkpoints = _checkpoints(args.checkpoint)
-    methods = _csv(args.methods)
-    methods += [m for m in checkpoints if m not in methods]
+    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
+    sizes = dict(COMPARE_SIZES[size])
+    if args.samples is not None:
+        sizes["samples"] = args.samples
     cfg = EvalConfig(
         model=args.model,
         methods=methods,
@@ -155,10 +191,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         checkpoints=checkpoints,
         babilong_facts=args.babilong_facts,
         babilong_data=args.babilong_data,
-        **COMPARE_SIZES[size],
+        device=args.device and cli_args.resolve_device(args.device),
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        **sizes,
     )
-    if args.samples:
-        cfg.samples = args.samples
     out = Path(args.out)
     print(
         f"sinkwindow compare ({size}): model {cfg.model}; methods {', '.join(cfg.methods)}\n"
@@ -168,14 +205,27 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         f"  {plan_size(cfg)} samples in all; results -> {out / 'results.jsonl'} (re-run to resume)",
         file=sys.stderr,
     )
-    model_tok = load(cfg.model)
-    run_eval(cfg, out, model_and_tokenizer=model_tok, progress=not args.no_progress)
+    model_tok = load(cfg.model, device=cfg.device or "cpu", dtype=getattr(torch, cfg.dtype or "float32"))
+    store = run_eval(
+        cfg, out, model_and_tokenizer=model_tok, progress=not args.no_progress, new_run=args.new_run
+    )
     extra = []
     if args.short_data:
         extra = _short_tasks(args, cfg, model_tok, out)
     path = write_report(out, extra_sections=extra)
     print((out / "report.md").read_text().split("## Perplexity")[0])
     print(f"report: {path} (and report.html, PNGs, summary.json)")
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "size": size,
+                "methods": cfg.methods,
+                "results": len(store),
+                "report": str(path),
+            }
+        )
+    )
     return 0
 
 
@@ -205,32 +255,72 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     path = write_report(args.run_dir)
     print(path)
+    print(json.dumps({"run_dir": str(args.run_dir), "report": str(path)}))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | lm-eval")
     fam = p.add_subparsers(dest="family", metavar="FAMILY")
-    for family, helptext, lengths in (
-        ("niah", "S-NIAH-1/2/3 (RULER single needle)", "512,1024,2048,4096"),
-        ("babilong", "BABILong QA1-QA5 (bAbI facts in essay text)", "0,1024,2048,4096"),
-        ("ppl", "perplexity of essay windows, streamed through the method's cache", "2048"),
-    ):
+    k = cli_args.SIZE_HELP
+    families = (
+        (
+            "niah",
+            "S-NIAH-1/2/3 (RULER single needle)",
+            "512,1k,2k,4k",
+            cli_args.size_list(
+                NIAH_MIN_LENGTH, why=f"the {NIAH_ANSWER_TOKENS}-token answer budget plus RULER's template"
+            ),
+            f"token budgets, prompt + answer, each >= {NIAH_MIN_LENGTH}; {k} (default: %(default)s)",
+        ),
+        (
+            "babilong",
+            "BABILong QA1-QA5 (bAbI facts in essay text)",
+            "0,1k,2k,4k",
+            cli_args.size_list(
+                BABILONG_MIN_LENGTH,
+                zero_ok=True,
+                why=f"BABILong keeps {BABILONG_PROMPT_RESERVE} for the prompt; 0 is 0K, the facts alone",
+            ),
+            f"token budgets, 0 (facts only) or >= {BABILONG_MIN_LENGTH}; {k} (default: %(default)s)",
+        ),
+        (
+            "ppl",
+            "perplexity of essay windows, streamed through the method's cache",
+            "2048",
+            cli_args.size_list(
+                PPL_MIN_LENGTH, what="window length", why="one token to predict from and one to predict"
+            ),
+            f"window lengths, each >= {PPL_MIN_LENGTH} tokens; {k} (default: %(default)s)",
+        ),
+    )
+    for family, helptext, lengths, lengths_type, lengths_help in families:
         q = fam.add_parser(family, help=helptext)
-        _add_common(q, "full,swa:64:4")
+        _add_common(q, ["full", "swa:64:4"])
         q.add_argument(
-            "--tasks", default=None, help="subset, e.g. niah_single_3 or babilong_qa1,babilong_qa2"
+            "--tasks",
+            type=_task_list(family),
+            default=None,
+            help="subset, e.g. niah_single_3 or babilong_qa1,babilong_qa2",
         )
+        q.add_argument("--lengths", type=lengths_type, default=lengths, help=lengths_help)
         q.add_argument(
-            "--lengths", default=lengths, help="token budgets, e.g. 512,1k,2k (default: %(default)s)"
+            "--samples",
+            type=cli_args.integer(1, what="--samples"),
+            default=10,
+            help="samples per task and length (ppl: windows per length) (default: %(default)s)",
         )
-        q.add_argument("--samples", type=int, default=10, help="samples per task and length (ppl: windows)")
-        q.add_argument(
-            "--niah-max-new-tokens", type=int, default=128, help="NIAH decode cap; 0 = answer length + 16"
-        )
+        if family == "niah":
+            q.add_argument(
+                "--niah-max-new-tokens",
+                type=_decode_cap,
+                default=str(NIAH_ANSWER_TOKENS),
+                help=f"NIAH decode cap, 1 .. {NIAH_ANSWER_TOKENS}, or auto: the answer's length + 16 "
+                "(default: %(default)s, as RULER)",
+            )
         if family == "babilong":
             _add_babilong_facts(q)
-        q.add_argument("--out", required=True, help="run folder (resumes if it exists)")
+        cli_args.add_out(q, required=True, help="run folder (resumes if it exists)")
         q.set_defaults(func=_cmd_eval, family=family)
     try:
         from .lmeval import register_lmeval_subcommand
@@ -247,20 +337,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quick", action="store_true", help="small sample counts, <= 20 min on 2 CPU cores (default)"
     )
     size.add_argument("--full", action="store_true", help="paper-like sizes (hours on CPU)")
-    _add_common(p, ",".join(DEFAULT_METHODS))
-    p.add_argument("--samples", type=int, default=None, help="override samples per task and length")
+    _add_common(p, DEFAULT_METHODS)
     p.add_argument(
-        "--short-data", default=None, help="folder with the six short tasks' JSONL (adds an lm-eval section)"
+        "--samples",
+        type=cli_args.integer(1, what="--samples"),
+        default=None,
+        help="samples per task and length, instead of the size's",
     )
-    p.add_argument("--short-limit", type=int, default=100, help="items per short task (default: %(default)s)")
+    p.add_argument(
+        "--short-data",
+        type=cli_args.existing_dir("--short-data"),
+        default=None,
+        help="folder with the six short tasks' JSONL (adds an lm-eval section)",
+    )
+    p.add_argument(
+        "--short-limit",
+        type=cli_args.integer(1, what="--short-limit"),
+        default=100,
+        help="items per short task (default: %(default)s)",
+    )
     _add_babilong_facts(p)
-    p.add_argument(
-        "--out", default="runs/compare", help="run folder (default: %(default)s; resumes if it exists)"
-    )
+    cli_args.add_out(p, "runs/compare", help="run folder (resumes if it exists)")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser(
         "report", help="rebuild report.md/html and plots of a run folder from its results.jsonl"
     )
-    p.add_argument("run_dir")
+    p.add_argument(
+        "run_dir", type=cli_args.existing_dir("run folder"), help="a folder a sinkwindow run wrote"
+    )
     p.set_defaults(func=_cmd_report)

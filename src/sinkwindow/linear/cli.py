@@ -13,23 +13,33 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
+from pathlib import Path
 
-from ..models import add_model_argument
+from .. import args as cli_args
 
-__all__ = ["parse_tokens", "register"]
+__all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]
 
-# LoLCATs' GPU recipe: 2 epochs of ~10M Alpaca tokens per stage (LINEAR.md §6).
+# LoLCATs' GPU recipe: 2 epochs of ~10M Alpaca tokens per stage (LINEAR.md §6). Exact, not "20M":
+# sizes mean k = 1024 here, as everywhere in the CLI.
 PAPER_TOKENS = 20_000_000
+# = feature_maps.FEATURE_MAPS' keys (a test keeps them equal; that module imports torch).
+FEATURE_MAP_NAMES = ("hedgehog", "hedgehog_exp", "t2r")
+
+# A token count, k = 1024 and M = 1024**2 like every size of the CLI: "1M" is 1,048,576 tokens.
+# (Before the shared vocabulary it meant 10**6 here; write 1000000 to get that exact budget.)
+parse_tokens = cli_args.size(0, what="token count")
 
 
-def parse_tokens(text: str) -> int:
-    """``"1M"``, ``"500k"``, ``"2.5M"``, ``"100000"`` -> tokens."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", str(text))
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 500k, 1M, 2.5M)")
-    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
+def _data_source(text: str) -> str:
+    """``--data``: ``essays`` or a file that exists."""
+    if str(text).strip() == "essays":
+        return "essays"
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"training data {path} {'is a folder' if path.is_dir() else 'not found'}: give a .jsonl/.json/.txt file, or essays"
+        )
+    return str(path)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -41,8 +51,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .trainer import train_baseline
 
     spec = parse_spec(args.method)
-    if not spec.is_linear:
-        raise ValueError(f"sinkwindow train trains the linear baselines (lolcats:W, linear), not {spec}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.paper_budget:
@@ -55,6 +63,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
     if args.no_finetune:
         finetune = 0
+    if transfer + finetune == 0:
+        raise ValueError("nothing to train: give --tokens, --transfer-tokens or --finetune-tokens above 0")
     out = args.out or f"runs/{args.model.replace('/', '_')}-{str(spec).replace(':', '')}"
     model, tok = sinkwindow.load(args.model, dtype=torch.float32)
     logging.getLogger(__name__).info("training %s: %d + %d tokens into %s", spec, transfer, finetune, out)
@@ -77,7 +87,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         lora_alpha=args.lora_alpha,
         layer_group=args.layer_group,
         max_minutes=args.max_minutes,
-        resume=not args.restart,
+        resume=not args.no_resume,
         progress=not args.no_progress,
         convert_options={"affine": args.affine, "init": args.init, "feature_map": args.feature_map},
         model_name=args.model,
@@ -102,13 +112,16 @@ def register(subparsers) -> None:
         "(feature maps + window factors, MSE to the softmax outputs), stage 2 LoRA on q/k/v/o (next-token loss). "
         "Resumable: rerun the same command to continue.",
     )
-    add_model_argument(p)
-    p.add_argument("--method", default="lolcats:64", help="lolcats:W or linear (default: %(default)s)")
+    cli_args.add_model(p)
+    cli_args.add_method(
+        p, "lolcats:64", kind=cli_args.linear_method, help="lolcats:W or linear (default: %(default)s)"
+    )
     p.add_argument(
         "--tokens",
-        type=parse_tokens,
-        default=parse_tokens("1M"),
-        help="total training tokens, split 1:2 between the stages (default: 1M)",
+        type=cli_args.size(1, what="--tokens"),
+        default="1M",
+        help=f"total training tokens, split 1:2 between the stages; {cli_args.SIZE_HELP}, so 1M = 1,048,576 "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--transfer-tokens", type=parse_tokens, default=None, help="stage-1 tokens (overrides the split)"
@@ -117,50 +130,83 @@ def register(subparsers) -> None:
         "--finetune-tokens", type=parse_tokens, default=None, help="stage-2 tokens (overrides the split)"
     )
     p.add_argument("--no-finetune", action="store_true", help="stage 1 only (attention transfer)")
-    p.add_argument("--paper-budget", action="store_true", help="LoLCATs' GPU budget: 20M tokens per stage")
+    p.add_argument(
+        "--paper-budget", action="store_true", help="LoLCATs' GPU budget: 20,000,000 tokens per stage"
+    )
     p.add_argument(
         "--data",
+        type=_data_source,
         default="essays",
         help="JSONL (Alpaca instruction/input/output, prompt/completion or text), .txt, or 'essays' (offline default)",
     )
-    p.add_argument("--out", default=None, help="run folder (default: runs/<model>-<method>)")
-    p.add_argument("--seq-len", type=int, default=1024, help="tokens per packed chunk (default: %(default)s)")
+    cli_args.add_out(p, help="run folder (default: runs/<model>-<method>)")
     p.add_argument(
-        "--grad-accum", type=int, default=8, help="chunks per optimiser step (default: %(default)s)"
+        "--seq-len",
+        type=cli_args.integer(2, what="--seq-len"),
+        default=1024,
+        help="tokens per packed chunk (default: %(default)s)",
     )
     p.add_argument(
-        "--lr-transfer", type=float, default=1e-2, help="stage-1 learning rate (default: %(default)s)"
+        "--grad-accum",
+        type=cli_args.integer(1, what="--grad-accum"),
+        default=8,
+        help="chunks per optimiser step (default: %(default)s)",
     )
     p.add_argument(
-        "--lr-finetune", type=float, default=1e-4, help="stage-2 learning rate (default: %(default)s)"
+        "--lr-transfer",
+        type=cli_args.real(0, what="--lr-transfer"),
+        default=1e-2,
+        help="stage-1 learning rate (default: %(default)s)",
     )
-    p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--lora-alpha", type=float, default=16)
+    p.add_argument(
+        "--lr-finetune",
+        type=cli_args.real(0, what="--lr-finetune"),
+        default=1e-4,
+        help="stage-2 learning rate (default: %(default)s)",
+    )
+    p.add_argument("--lora-r", type=cli_args.integer(1, what="--lora-r"), default=8)
+    p.add_argument("--lora-alpha", type=cli_args.real(0, what="--lora-alpha"), default=16)
     p.add_argument(
         "--eval-every",
-        type=int,
+        type=cli_args.integer(1, what="--eval-every"),
         default=100,
         help="optimiser steps between validations (default: %(default)s)",
     )
     p.add_argument(
         "--save-every",
-        type=int,
+        type=cli_args.integer(1, what="--save-every"),
         default=10,
         help="optimiser steps between resumable saves (default: %(default)s)",
     )
-    p.add_argument("--val-batches", type=int, default=8, help="validation chunks (default: %(default)s)")
     p.add_argument(
-        "--layer-group", type=int, default=None, help="stage 1: layers per batched kernel call (default: all)"
+        "--val-batches",
+        type=cli_args.integer(1, what="--val-batches"),
+        default=8,
+        help="validation chunks (default: %(default)s)",
     )
     p.add_argument(
-        "--feature-map", default="hedgehog", help="hedgehog | hedgehog_exp | t2r (default: %(default)s)"
+        "--layer-group",
+        type=cli_args.integer(1, what="--layer-group"),
+        default=None,
+        help="stage 1: layers per batched kernel call (default: all)",
     )
     p.add_argument(
-        "--init", default="identity", help="feature-map init: identity | kaiming (default: %(default)s)"
+        "--feature-map", choices=FEATURE_MAP_NAMES, default="hedgehog", help="default: %(default)s"
+    )
+    p.add_argument(
+        "--init",
+        choices=("identity", "kaiming"),
+        default="identity",
+        help="feature-map init (default: %(default)s)",
     )
     p.add_argument("--affine", action="store_true", help="λ = 1 − γ instead of 1")
-    p.add_argument("--max-minutes", type=float, default=None, help="stop resumably after this many minutes")
-    p.add_argument("--restart", action="store_true", help="ignore an existing run in --out and start over")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--max-minutes",
+        type=cli_args.real(0, what="--max-minutes"),
+        default=None,
+        help="stop resumably after this many minutes",
+    )
+    cli_args.add_no_resume(p, "--restart", help="ignore an existing run in --out and start over")
+    cli_args.add_threads(p)
+    cli_args.add_no_progress(p)
     p.set_defaults(func=_cmd_train)

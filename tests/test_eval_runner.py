@@ -271,3 +271,17 @@ def test_batched_samples_equal_one_at_a_time(tiny_pair, tmp_path):
     a, b = _predictions(one), _predictions(batched)
     assert len(a) == 3 * 3 * 4 and a == b
     assert len({r["n_prompt_tokens"] for r in one.rows()}) > 1  # the rows really were padded
+
+
+def test_compare_defaults_are_the_paper_comparison(tmp_path, monkeypatch):
+    from sinkwindow.eval.cli import COMPARE_METHODS, compare_methods
+    from sinkwindow.linear import adapters
+
+    assert COMPARE_METHODS == ["full", "swa:256:4", "lolcats:256", "swa:256:0", "evict:256:4"]
+    monkeypatch.setattr(adapters, "ADAPTER_DIR", tmp_path)
+    methods, notes = compare_methods("smollm2-135m")
+    assert methods == ["full", "swa:256:4", "swa:256:0", "evict:256:4"]
+    assert len(notes) == 1 and "lolcats:256 left out" in notes[0] and "--checkpoint lolcats:256=" in notes[0]
+    assert compare_methods("smollm2-135m", {"lolcats:256"}) == (COMPARE_METHODS, [])
+    (tmp_path / "smollm2-135m--lolcats256.safetensors").write_bytes(b"")  # a shipped adapter is found by name
+    assert compare_methods("smollm2-135m")[0] == COMPARE_METHODS

@@ -10,11 +10,24 @@ from pathlib import Path
 
 from .. import args as cli_args
 
-__all__ = ["register", "COMPARE_SIZES", "NIAH_MIN_LENGTH", "BABILONG_MIN_LENGTH", "PPL_MIN_LENGTH"]
+__all__ = [
+    "register",
+    "compare_methods",
+    "COMPARE_METHODS",
+    "COMPARE_SIZES",
+    "NIAH_MIN_LENGTH",
+    "BABILONG_MIN_LENGTH",
+    "PPL_MIN_LENGTH",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_METHODS = ["full", "swa:64:4", "swa:64:0", "swa:256:4"]
+# The main job is the paper's headline comparison at its window (Table 3: w = 256): SWA(256, 4), the
+# trained LoLCATs(+SWA) hybrid of the same window, the no-sink ablation, and dense-prompt eviction (the
+# other reading of "SWA at inference time"). lolcats:256 runs when an adapter ships for the model (or
+# --checkpoint gives one); otherwise compare says so and leaves it out.
+COMPARE_METHODS = ["full", "swa:256:4", "lolcats:256", "swa:256:0", "evict:256:4"]
 
 # The main job's two sizes. quick must finish in <= 20 minutes on 2 CPU cores (SmolLM2-135M).
 COMPARE_SIZES: dict[str, dict] = {
@@ -89,9 +102,11 @@ def _task_list(family: str):
     return parse
 
 
-def _add_common(p: argparse.ArgumentParser, methods_default: list[str]) -> None:
+def _add_common(
+    p: argparse.ArgumentParser, methods_default: list[str] | None, methods_help: str | None = None
+) -> None:
     cli_args.add_model(p)
-    cli_args.add_methods(p, methods_default)
+    cli_args.add_methods(p, methods_default, help=methods_help)
     cli_args.add_checkpoint(p)
     cli_args.add_seed(p, 42)
     cli_args.add_chunk_size(p, 512)
@@ -106,8 +121,9 @@ def _add_common(p: argparse.ArgumentParser, methods_default: list[str]) -> None:
     p.add_argument(
         "--batch-size",
         type=cli_args.integer(1, what="--batch-size"),
-        default=1,
-        help="samples per forward pass; results do not depend on it (default: %(default)s)",
+        default=None,
+        help="samples decoded as one left-padded batch; results do not depend on it "
+        "(default: 8 on CPU, 32 on CUDA; linear baselines run one at a time)",
     )
     cli_args.add_no_progress(p)
     cli_args.add_new_run(p)
@@ -163,11 +179,32 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     store = run_eval(cfg, args.out, progress=not args.no_progress, new_run=args.new_run)
-    path = write_report(args.out)
+    path = write_report(args.out, store=store)
     results = Path(args.out) / "results.jsonl"
     print(f"{len(store)} results in {results}; report: {path}")
     print(json.dumps({"out": str(args.out), "results": len(store), "report": str(path)}))
     return 0
+
+
+def compare_methods(model: str, with_checkpoint: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """The main job's default methods for ``model``: ``COMPARE_METHODS``, trained baselines only where
+    an adapter ships for the model or a checkpoint is given. Returns ``(methods, notes on what was left out)``.
+    """
+    from ..linear.adapters import shipped_adapter
+    from ..spec import parse_spec
+
+    methods = [
+        m
+        for m in COMPARE_METHODS
+        if not parse_spec(m).is_linear or m in with_checkpoint or shipped_adapter(model, m) is not None
+    ]
+    notes = [
+        f"{m} left out: no trained adapter ships for {model}; train one (sinkwindow train --method {m}) "
+        f"and pass --checkpoint {m}=PATH"
+        for m in COMPARE_METHODS
+        if m not in methods
+    ]
+    return methods, notes
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -178,7 +215,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .runner import EvalConfig, plan_size, run_eval
 
     size = "full" if args.full else "quick"
-    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
+    methods = args.methods
+    if methods is None:
+        methods, notes = compare_methods(args.model, {m for m, _ in args.checkpoint or [] if m})
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, methods)
     sizes = dict(COMPARE_SIZES[size])
     if args.samples is not None:
         sizes["samples"] = args.samples
@@ -212,7 +254,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     extra = []
     if args.short_data:
         extra = _short_tasks(args, cfg, model_tok, out)
-    path = write_report(out, extra_sections=extra)
+    path = write_report(out, extra_sections=extra, store=store)
     print((out / "report.md").read_text().split("## Perplexity")[0])
     print(f"report: {path} (and report.html, PNGs, summary.json)")
     print(
@@ -337,7 +379,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quick", action="store_true", help="small sample counts, <= 20 min on 2 CPU cores (default)"
     )
     size.add_argument("--full", action="store_true", help="paper-like sizes (hours on CPU)")
-    _add_common(p, DEFAULT_METHODS)
+    _add_common(
+        p,
+        None,
+        "method specs, comma-separated and/or repeated (default: "
+        + ",".join(COMPARE_METHODS)
+        + "; lolcats:256 only where a trained adapter ships for the model or --checkpoint gives one)",
+    )
     p.add_argument(
         "--samples",
         type=cli_args.integer(1, what="--samples"),

@@ -363,3 +363,85 @@ def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file, caps
     assert not any(p.requires_grad for p in model.parameters())
     with pytest.raises(ValueError, match="sinkwindow train"):
         sinkwindow.load(str(tiny_folder), method="linear")
+
+
+def test_recipes_by_spec():
+    from sinkwindow.linear.trainer import recipe_for
+
+    lolcats, liger = recipe_for(f"lolcats:{W}"), recipe_for(f"liger:{W}")
+    assert lolcats == recipe_for("linear")
+    assert (
+        lolcats.stages == ("transfer", "finetune")
+        and lolcats.lr_finetune == 1e-4
+        and lolcats.lora_alpha == 16
+    )
+    assert "o_proj" in lolcats.lora_targets
+    assert liger.stages == ("finetune",) and liger.lr_finetune == 1e-3 and liger.lora_alpha == 8
+    assert {"q_proj", "k_proj", "v_proj"} <= set(liger.lora_targets) and "o_proj" not in liger.lora_targets
+
+
+def test_train_liger_one_lora_stage_resumes_then_loads(tmp_path, alpaca_file, monkeypatch):
+    import sinkwindow.linear.finetune as finetune
+
+    # The feature-map options are what `sinkwindow train` always passes; they mean nothing for Liger.
+    kwargs = dict(
+        data=str(alpaca_file), transfer_tokens=999, finetune_tokens=4 * 2 * 32, seq_len=32, grad_accum=2,
+        eval_every=2, save_every=1, val_batches=2, progress=False,
+        convert_options={"feature_map": "hedgehog", "init": "identity", "affine": False},
+    )  # fmt: skip
+    model = tiny_model("llama")
+    whole = train_baseline(model, CharTokenizer(), f"liger:{W}", tmp_path / "whole", **kwargs)
+    assert whole["finished"] and set(whole["stages"]) == {"finetune"}
+    assert not (tmp_path / "whole" / "transfer").exists()
+    stage = whole["stages"]["finetune"]
+    assert (
+        stage["steps"] == 4 and stage["lr"] == pytest.approx(1e-3) and stage["best_val"] < stage["first_val"]
+    )
+    config = json.loads((tmp_path / "whole" / "config.json").read_text())
+    assert (
+        config["stages"] == ["finetune"] and config["transfer_tokens"] == 0 and config["lr_finetune"] == 1e-3
+    )
+    meta = read_metadata(tmp_path / "whole")
+    assert meta["spec"] == f"liger:{W}" and meta["variant"]["kind"] == "liger"
+    assert meta["lora"] == {"r": 8, "alpha": 8, "dropout": 0.0, "targets": ["k_proj", "q_proj", "v_proj"]}
+    assert {p.requires_grad for n, p in model.named_parameters() if "o_proj" in n} == {False}
+
+    # Stop inside step 3 (eval at 0: 2 calls; steps 1-2: 4; eval at 2: 2), then rerun the same command.
+    calls = {"n": 0}
+    real = finetune.lm_step
+
+    def interrupted(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] > 2 + 2 * 2 + 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(finetune, "lm_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", tmp_path / "split", **kwargs)
+    monkeypatch.setattr(finetune, "lm_step", real)
+    resumed = train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", tmp_path / "split", **kwargs)
+    assert resumed["finished"] and resumed["stages"]["finetune"]["steps"] == 4
+    assert resumed["stages"]["finetune"]["best_val"] == pytest.approx(stage["best_val"], rel=1e-6)
+    log = [json.loads(x) for x in (tmp_path / "split" / "finetune" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
+
+    ids = ids_for(1, 30)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        got = load_linear(tiny_model("llama"), f"liger:{W}", tmp_path / "whole")(ids, use_cache=False).logits
+        again = load_linear(tiny_model("llama"), f"liger:{W}", tmp_path / "split")(
+            ids, use_cache=False
+        ).logits
+        untrained = convert(tiny_model("llama"), f"liger:{W}")(ids, use_cache=False).logits
+    assert torch.equal(got, want)
+    torch.testing.assert_close(again, want, atol=1e-5, rtol=0)
+    assert (want - untrained).abs().max() > 1e-4  # LoRA really trained
+    with pytest.raises(ValueError, match="finetune_tokens"):
+        train_baseline(
+            tiny_model("llama"),
+            CharTokenizer(),
+            f"liger:{W}",
+            tmp_path / "none",
+            **{**kwargs, "finetune_tokens": 0},
+        )

@@ -14,6 +14,8 @@ from sinkwindow import MethodSpec, parse_spec
         ("evict:128:4", "evict", 128, 4, "absolute"),
         ("lolcats:64", "lolcats", 64, 0, "absolute"),
         ("linear", "linear", None, 0, "absolute"),
+        ("liger:64", "liger", 64, 0, "absolute"),
+        ("LIGER:256", "liger", 256, 0, "absolute"),
     ],
 )
 def test_parse(text, kind, window, sinks, positions):
@@ -50,8 +52,22 @@ def test_budget_and_recent():
         ("swa:99999999999999999999", "larger than any context"),
         ("swa:2147483648:4", "larger than any context"),
         ("lolcats:99999999999999999999", "larger than any context"),
+        ("liger", "expected liger:W"),
+        ("liger:64:4", "expected liger:W"),
+        ("liger:64:cache", "takes no position mode"),
+        ("liger:0", "positive"),
     ],
 )
 def test_bad_specs_name_the_fix(text, needle):
     with pytest.raises(ValueError, match=needle):
         parse_spec(text)
+
+
+def test_trained_baselines_are_linear_and_unbounded():
+    for text in ("linear", "lolcats:64", "liger:64"):
+        spec = parse_spec(text)
+        assert spec.is_linear and not spec.is_windowed and spec.kv_budget is None
+    assert str(parse_spec("liger:256")) == "liger:256"
+    assert not parse_spec("swa:64:4").is_linear
+    with pytest.raises(ValueError, match="takes no sinks"):
+        MethodSpec("liger", window=64, sinks=4)

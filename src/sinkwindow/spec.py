@@ -10,6 +10,9 @@ Grammar (case-insensitive, ``:``-separated)::
     linear                    pure linear attention (Hedgehog feature maps), needs training
     lolcats:W                 LoLCATs hybrid: softmax over the last W keys + linear attention over
                               everything older, one shared normaliser; needs training
+    liger:W                   Liger-GLA(+SWA): 0.5 · softmax over the last W keys + 0.5 · gated linear
+                              attention over every key, each normalised on its own; no new
+                              parameters, trained with LoRA
 
 A spec is a frozen dataclass: hashable, comparable, and ``str(spec)`` gives back its canonical
 string, which is what results files record.
@@ -21,14 +24,14 @@ from dataclasses import dataclass
 
 __all__ = ["MethodSpec", "parse_spec", "SPEC_KINDS", "POSITION_MODES", "MAX_WINDOW"]
 
-SPEC_KINDS = ("full", "swa", "evict", "linear", "lolcats")
+SPEC_KINDS = ("full", "swa", "evict", "linear", "lolcats", "liger")
 POSITION_MODES = ("absolute", "cache")
 DEFAULT_SINKS = 4
 # Past this a window is not a memory bound but a typo: positions are tensors of int64, and no model
 # has a context anywhere near 2**31 tokens.
 MAX_WINDOW = 2**31 - 1
 
-_GRAMMAR = "full | swa:W[:S][:absolute|cache] | evict:W[:S][:absolute|cache] | linear | lolcats:W"
+_GRAMMAR = "full | swa:W[:S][:absolute|cache] | evict:W[:S][:absolute|cache] | linear | lolcats:W | liger:W"
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class MethodSpec:
     Attributes:
         kind: one of ``SPEC_KINDS``.
         window: W, the number of keys a query sees (sinks included) for ``swa``/``evict``; the
-            softmax window for ``lolcats``; ``None`` for ``full`` and ``linear``.
+            softmax window for ``lolcats`` and ``liger``; ``None`` for ``full`` and ``linear``.
         sinks: S, the number of leading tokens every query keeps seeing (``swa``/``evict``).
         positions: ``"absolute"`` keeps every token's original position (RoPE applied once, the
             paper); ``"cache"`` re-assigns positions inside the cache (StreamingLLM).
@@ -71,9 +74,9 @@ class MethodSpec:
             raise ValueError(
                 f"sinks S must be an integer >= 0, got {self.sinks!r} (e.g. swa:64:4, or swa:64:0)"
             )
-        if self.kind == "lolcats":
+        if self.kind in ("lolcats", "liger"):
             if self.sinks:
-                raise ValueError("lolcats:W takes no sinks")
+                raise ValueError(f"{self.kind}:W takes no sinks")
             return
         if self.sinks >= self.window:
             raise ValueError(
@@ -93,8 +96,8 @@ class MethodSpec:
 
     @property
     def is_linear(self) -> bool:
-        """True for the trained linear-attention baselines (``linear``, ``lolcats``)."""
-        return self.kind in ("linear", "lolcats")
+        """True for the trained linear-attention baselines (``linear``, ``lolcats``, ``liger``)."""
+        return self.kind in ("linear", "lolcats", "liger")
 
     @property
     def recent(self) -> int:
@@ -111,8 +114,8 @@ class MethodSpec:
     def __str__(self) -> str:
         if self.kind in ("full", "linear"):
             return self.kind
-        if self.kind == "lolcats":
-            return f"lolcats:{self.window}"
+        if self.kind in ("lolcats", "liger"):
+            return f"{self.kind}:{self.window}"
         text = f"{self.kind}:{self.window}:{self.sinks}"
         if self.positions != "absolute":
             text += f":{self.positions}"
@@ -120,7 +123,7 @@ class MethodSpec:
 
 
 def parse_spec(text: str | MethodSpec) -> MethodSpec:
-    """Parse a method string (``"full"``, ``"swa:64:4"``, ``"evict:256:4:cache"``, ``"lolcats:64"``).
+    """Parse a method string (``"full"``, ``"swa:64:4"``, ``"evict:256:4:cache"``, ``"lolcats:64"``, ``"liger:64"``).
 
     Raises:
         ValueError: naming the grammar, for malformed strings or invalid values.
@@ -142,8 +145,8 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
 
     positions = "absolute"
     if args and args[-1] in POSITION_MODES:
-        if kind == "lolcats":
-            raise ValueError(f"lolcats:W takes no position mode; got {text!r}")
+        if kind in ("lolcats", "liger"):
+            raise ValueError(f"{kind}:W takes no position mode; got {text!r}")
         positions = args.pop()
     ints: list[int] = []
     for a in args:
@@ -153,10 +156,10 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
             raise ValueError(
                 f"malformed method {text!r}: {a!r} is not an integer. Grammar: {_GRAMMAR}"
             ) from None
-    if kind == "lolcats":
+    if kind in ("lolcats", "liger"):
         if len(ints) != 1:
-            raise ValueError(f"malformed method {text!r}: expected lolcats:W (e.g. lolcats:64)")
-        return MethodSpec("lolcats", window=ints[0])
+            raise ValueError(f"malformed method {text!r}: expected {kind}:W (e.g. {kind}:64)")
+        return MethodSpec(kind, window=ints[0])
     if len(ints) not in (1, 2):
         raise ValueError(
             f"malformed method {text!r}: expected {kind}:W[:S][:absolute|cache] (e.g. {kind}:64:4)"

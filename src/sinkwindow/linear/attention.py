@@ -17,11 +17,25 @@ returns before the new ones as context, which is correct but grows like a normal
 
 Two modes (``Retrofit.mode``):
 
-- ``"student"``: the retrofit, Hedgehog linear attention or the LoLCATs hybrid.
+- ``"student"``: the retrofit, Hedgehog linear attention, the LoLCATs hybrid or Liger.
 - ``"transfer"``: stage 1 teacher forcing (LINEAR.md §3). The layer returns the *teacher's*
   softmax output, so every later layer sees the original model's hidden states, and records the
   detached q, k, v and teacher output; ``transfer.py`` then computes all layers' student outputs
   in one batched kernel call and the MSE against the teachers. Gradients never cross layers.
+
+Liger (``liger:W``) needs the *pre-RoPE* query and key for its feature maps and gate, but the
+attention function is handed them after RoPE. It gets them back by inverting the rotation: the
+same forward pre-hook that keeps the cache also keeps the ``position_embeddings`` (cos, sin) the
+decoder layer passed to the attention module, and ``ops.unrotate_half`` undoes exactly that
+rotation. This was chosen over hooking the projections because it needs no per-family code: it
+recovers the vector the model rotates whatever came before (q/k norms as in Qwen 3 and Gemma 3,
+fused qkv projections, biases, clipping, LoRA on the projections), gradients flow through it to
+the projections, and it costs a few elementwise operations. It relies on the family using
+transformers' rotate_half convention, which ``convert`` checks against the family's own
+``apply_rotary_pos_emb`` before converting (tests also check it against the projections). For
+keys a stock cache returns from earlier forwards there are no cos, sin at hand; those are
+un-rotated with the model's RoPE frequencies (``rope.LayerRope``) at positions 0 … n − 1. A stock
+cache that dropped tokens (Gemma 3's sliding layers) is refused: GLA needs every token.
 """
 
 from __future__ import annotations
@@ -38,24 +52,36 @@ from ..spec import MethodSpec
 from .cache import LinearAttnCache
 from .feature_maps import FEATURE_MAPS
 from .ops import (
+    LIGER_GATE_NORMALIZER,
+    LIGER_MIX,
     HybridAttnState,
+    LigerAttnState,
     LinearAttnState,
+    chunk_gla,
     chunk_hybrid_attn,
+    chunk_liger_attn,
     chunk_linear_attn,
     hybrid_attn_step,
+    liger_attn_step,
+    liger_feature_map,
+    liger_gate,
     linear_attn_step,
     prefill_state,
     repeat_kv,
+    unrotate_half,
 )
 
 __all__ = [
     "ATTN_NAME",
     "DEFAULT_WINDOW_FACTOR",
+    "LIGER_FEATURE_MAP",
     "LinearVariant",
     "Retrofit",
     "TransferRecord",
     "linear_attention_forward",
     "linear_attention_mask",
+    "liger_features",
+    "pre_rope",
     "softmax_attention",
     "student_attention",
 ]
@@ -64,6 +90,13 @@ ATTN_NAME = "sinkwindow_linear"
 # logit(0.1): LoLCATs' "w01" init, γ = 0.1 for the window term (LINEAR.md §1.3).
 DEFAULT_WINDOW_FACTOR = math.log(0.1 / 0.9)
 CACHE_ATTR = "_sinkwindow_cache"
+# Where the pre-hook keeps the attention module's (cos, sin) during its forward (Liger only).
+ROPE_ATTR = "_sinkwindow_rope"
+# Liger's feature map: softmax over the head dimension of the pre-RoPE q and k, no parameters.
+LIGER_FEATURE_MAP = "softmax"
+KINDS = ("linear", "lolcats", "liger")
+# Fields only Liger uses; left out of other kinds' checkpoint metadata, which stays as it was.
+_LIGER_FIELDS = ("mix", "gate_normalizer")
 
 
 @dataclass(frozen=True)
@@ -71,45 +104,83 @@ class LinearVariant:
     """What a conversion builds; recorded in every checkpoint (LINEAR.md §7.5, §11).
 
     Attributes:
-        kind: ``"lolcats"`` (sliding-window softmax + linear, one normaliser) or ``"linear"``
-            (pure Hedgehog linear attention).
-        window: w for ``lolcats``, ``None`` for ``linear``.
+        kind: ``"lolcats"`` (sliding-window softmax + linear, one normaliser), ``"linear"``
+            (pure Hedgehog linear attention) or ``"liger"`` (Liger-GLA(+SWA): sliding-window
+            softmax + gated linear attention, each normalised on its own, no new parameters).
+        window: w for ``lolcats`` and ``liger``, ``None`` for ``linear``.
         feature_map: a key of ``FEATURE_MAPS`` (``hedgehog`` = softmax_dim, ``hedgehog_exp``,
-            ``t2r``).
+            ``t2r``); for ``liger`` always ``"softmax"`` (``LIGER_FEATURE_MAP``, the default for it).
+            ``None`` picks the kind's default.
         feature_dim: f, the projection size; ``None`` gives the map's default (D/2 for Hedgehog).
         init: ``"identity"`` (what every LoLCATs command runs) or ``"kaiming"``.
         window_factor_init: ω at init; γ = sigmoid(ω).
         affine: λ = 1 − γ instead of 1 (LoLCATs default False).
         eps: guard added to the pure-linear normaliser; the hybrid's is ≥ γ and needs none.
+        mix: Liger only: weights of the window and the GLA branch, (0.5, 0.5) as in Liger;
+            (1, 0) leaves SWA(w, 0).
+        gate_normalizer: Liger only: g = logsigmoid(k) / gate_normalizer (16).
     """
 
     kind: str
     window: int | None = None
-    feature_map: str = "hedgehog"
+    feature_map: str | None = None
     feature_dim: int | None = None
     init: str = "identity"
     window_factor_init: float = DEFAULT_WINDOW_FACTOR
     affine: bool = False
     eps: float = 1e-12
+    mix: tuple[float, float] = LIGER_MIX
+    gate_normalizer: float = LIGER_GATE_NORMALIZER
 
     def __post_init__(self) -> None:
-        if self.kind not in ("linear", "lolcats"):
-            raise ValueError(f"linear baselines are 'linear' or 'lolcats:W', got kind {self.kind!r}")
-        if (self.kind == "lolcats") != (self.window is not None):
-            raise ValueError(f"'{self.kind}' {'needs' if self.kind == 'lolcats' else 'takes no'} window")
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"linear baselines are 'linear', 'lolcats:W' or 'liger:W', got kind {self.kind!r}"
+            )
+        if (self.kind == "linear") == (self.window is not None):
+            raise ValueError(f"'{self.kind}' {'takes no' if self.kind == 'linear' else 'needs a'} window")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
+        # A checkpoint's JSON gives a list; keep the variant hashable and comparable.
+        object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
+        object.__setattr__(self, "gate_normalizer", float(self.gate_normalizer))
+        if len(self.mix) != 2:
+            raise ValueError(f"mix must be (window weight, GLA weight), got {self.mix!r}")
+        if self.kind == "liger":
+            if self.feature_map is None:
+                object.__setattr__(self, "feature_map", LIGER_FEATURE_MAP)
+            own = (LIGER_FEATURE_MAP, None, "identity", DEFAULT_WINDOW_FACTOR, False)
+            have = (self.feature_map, self.feature_dim, self.init, self.window_factor_init, self.affine)
+            if have != own:
+                raise ValueError(
+                    "liger:W has no learned feature maps (softmax over the pre-RoPE q and k) and no window "
+                    "factors; feature_map, feature_dim, init, window_factor_init and affine are lolcats:W and "
+                    f"linear options (got {dict(zip(('feature_map', 'feature_dim', 'init', 'window_factor_init', 'affine'), have))})"
+                )
+            if self.gate_normalizer <= 0:
+                raise ValueError(f"gate_normalizer must be > 0, got {self.gate_normalizer}")
+            return
+        if self.feature_map is None:
+            object.__setattr__(self, "feature_map", "hedgehog")
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(
                 f"unknown feature map {self.feature_map!r}; expected one of {sorted(FEATURE_MAPS)}"
             )
+        if self.mix != LIGER_MIX or self.gate_normalizer != LIGER_GATE_NORMALIZER:
+            raise ValueError(f"mix and gate_normalizer are liger:W options, not {self.kind}'s")
 
     @property
     def spec(self) -> MethodSpec:
         return MethodSpec(self.kind, window=self.window)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.kind == "liger":
+            d["mix"] = list(self.mix)
+        else:
+            for name in _LIGER_FIELDS:
+                d.pop(name)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> LinearVariant:
@@ -146,6 +217,9 @@ class Retrofit:
         impl: the attention implementation the model ran before conversion (restored by ``revert``).
         lora: the LoRA settings once ``finetune.add_lora`` ran, else ``None``.
         num_layers: decoder layers (for the cache).
+        ropes: Liger only: each layer's ``rope.LayerRope``, to un-rotate keys that a stock cache
+            hands back from earlier forwards; ``None`` where the model's RoPE cannot be rebuilt
+            (then only a ``LinearAttnCache`` or no cache works).
     """
 
     variant: LinearVariant
@@ -154,11 +228,12 @@ class Retrofit:
     mode: str = "student"
     records: list[TransferRecord] = field(default_factory=list)
     lora: dict | None = None
+    ropes: list | None = field(default=None, repr=False)
     modules: list = field(default_factory=list, repr=False)
     hooks: list = field(default_factory=list, repr=False)
 
     def make_cache(self) -> LinearAttnCache:
-        return LinearAttnCache(self.num_layers, self.variant.window)
+        return LinearAttnCache(self.num_layers, self.variant.window, kind=self.variant.kind)
 
 
 def softmax_attention(
@@ -180,6 +255,42 @@ def softmax_attention(
     return F.scaled_dot_product_attention(query.float(), k, v, is_causal=True, scale=scaling)
 
 
+def pre_rope(
+    x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None, rotated: bool = True
+) -> torch.Tensor:
+    """The pre-RoPE heads of a post-RoPE query or key, from the (cos, sin) the model rotated them with.
+
+    Args:
+        x: (b, h, T, D), post-RoPE.
+        position_embeddings: (cos, sin), each (b, T, r), as the decoder layer passed them.
+        rotated: False for a layer that skips RoPE (SmolLM3's NoPE layers, ``use_rope=False``,
+            which still receive cos and sin): x is returned as it is.
+
+    Returns:
+        (b, h, T, D) in float32 (float64 for float64 input).
+
+    Raises:
+        ValueError: no (cos, sin) were captured (the module got no ``position_embeddings``
+            keyword), so the rotation cannot be undone.
+    """
+    if not rotated:
+        return x.to(torch.promote_types(x.dtype, torch.float32))
+    if position_embeddings is None:
+        raise ValueError(
+            "liger:W needs the pre-RoPE q and k, but the attention module received no position_embeddings "
+            "keyword to undo RoPE with"
+        )
+    cos, sin = position_embeddings
+    return unrotate_half(x, cos, sin)
+
+
+def liger_features(
+    variant: LinearVariant, q_pre: torch.Tensor, k_pre: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Liger's φq (b, H, T, D), φk and gate g (b, Hkv, T, D) from the pre-RoPE q (b, H, T, D), k (b, Hkv, T, D)."""
+    return liger_feature_map(q_pre), liger_feature_map(k_pre), liger_gate(k_pre, variant.gate_normalizer)
+
+
 def student_attention(
     module: torch.nn.Module,
     variant: LinearVariant,
@@ -187,24 +298,39 @@ def student_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     scaling: float | None,
-    state: HybridAttnState | LinearAttnState | None = None,
+    state: HybridAttnState | LinearAttnState | LigerAttnState | None = None,
     output_state: bool = False,
-) -> tuple[torch.Tensor, HybridAttnState | LinearAttnState | None]:
+    features: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, HybridAttnState | LinearAttnState | LigerAttnState | None]:
     """The retrofit's attention over T new tokens, continuing ``state``.
 
     Args:
         module: the attention module holding ``feature_map_q``/``feature_map_k`` (and
-            ``window_factors`` for the hybrid).
+            ``window_factors`` for the hybrid); Liger reads nothing from it.
         query: (b, H, T, D), post-RoPE.
         key, value: (b, Hkv, T, D), post-RoPE, not expanded.
         scaling: score scale of the window term.
         state: state after the earlier tokens, or ``None``.
         output_state: also return the state after these tokens.
+        features: Liger only, and required for it: (φq, φk, g) of the new tokens from
+            ``liger_features`` on the pre-RoPE q and k.
 
     Returns:
         o: (b, H, T, D) in ``value.dtype``.
         state: the new state, or ``None`` if not asked for and not needed.
     """
+    if variant.kind == "liger":
+        if features is None:
+            raise ValueError("liger:W attention needs the (φq, φk, g) of the pre-RoPE q and k")
+        phi_q, phi_k, gate = features
+        if state is None and not output_state:
+            o, _ = chunk_liger_attn(
+                query, key, value, phi_q, phi_k, gate, variant.window, variant.mix, scale=scaling
+            )
+            return o, None
+        return liger_attn_step(
+            query, key, value, phi_q, phi_k, gate, state, variant.window, variant.mix, scale=scaling
+        )
     n_rep = query.shape[1] // key.shape[1]
     fq, fk = module.feature_map_q, module.feature_map_k
     if variant.kind == "lolcats":
@@ -225,6 +351,30 @@ def student_attention(
     if state is None and not output_state:
         return chunk_linear_attn(phi_q, phi_k, v_h, eps=variant.eps)[0], None
     return linear_attn_step(phi_q, phi_k, v_h, state, eps=variant.eps)
+
+
+def _liger_context_state(
+    retrofit: Retrofit, layer: int, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor
+) -> LigerAttnState:
+    """Liger's state after earlier tokens whose post-RoPE ``key``/``value`` (b, Hkv, n, D) a stock
+    cache returned, at ``positions`` (1, n)."""
+    if not getattr(retrofit.modules[layer], "use_rope", True):
+        k_pre = key.to(torch.promote_types(key.dtype, torch.float32))
+    elif retrofit.ropes is None:
+        raise ValueError(
+            "liger:W with a stock cache must un-rotate the cached keys, and this model's RoPE cannot be "
+            "rebuilt: pass cache=sinkwindow.make_cache(model)"
+        )
+    else:
+        k_pre = retrofit.ropes[layer].unrotate(
+            key.to(torch.promote_types(key.dtype, torch.float32)), positions
+        )
+    phi_k, gate = liger_feature_map(k_pre), liger_gate(k_pre, retrofit.variant.gate_normalizer)
+    b, Hkv, n, D = key.shape
+    # The state is the GLA state after the keys; queries of zero give it without any outputs.
+    _, S = chunk_gla(phi_k.new_zeros(b, Hkv, n, D), phi_k, value, gate, output_final_state=True)
+    keep = min(n, retrofit.variant.window - 1)
+    return LigerAttnState(S, key[:, :, n - keep :], value[:, :, n - keep :])
 
 
 def _context_state(
@@ -276,18 +426,39 @@ def linear_attention_forward(
     cache = module.__dict__.get(CACHE_ATTR)
     layer = cache.layers[module.layer_idx] if isinstance(cache, LinearAttnCache) else None
     T = query.shape[-2]
+    variant = retrofit.variant
+    n_old = 0 if layer is not None else key.shape[-2] - T
+    features = None
+    if variant.kind == "liger":
+        rope, rotated = module.__dict__.get(ROPE_ATTR), getattr(module, "use_rope", True)
+        features = liger_features(
+            variant, pre_rope(query, rope, rotated), pre_rope(key[:, :, n_old:], rope, rotated)
+        )
     if layer is not None:
         o, state = student_attention(
-            module, retrofit.variant, query, key, value, scaling, layer.state, output_state=True
+            module, variant, query, key, value, scaling, layer.state, output_state=True, features=features
         )
         layer.set_state(state)
     else:
-        n_old = key.shape[-2] - T
         state = None
         if n_old > 0:
-            state = _context_state(module, retrofit.variant, key[:, :, :n_old], value[:, :, :n_old])
+            k_old, v_old = key[:, :, :n_old], value[:, :, :n_old]
+            if variant.kind == "liger":
+                # A stock cache must hold every earlier token (positions 0 … n_old − 1): the GLA
+                # state needs them all. A sliding one (Gemma 3's local layers) drops some.
+                pos = kwargs.get("position_ids")
+                first = int(pos.reshape(-1)[0]) if pos is not None else n_old
+                if first != n_old:
+                    raise ValueError(
+                        f"liger:W got {n_old} cached keys before position {first} from a "
+                        f"{type(cache).__name__} that dropped some: pass cache=sinkwindow.make_cache(model)"
+                    )
+                positions = torch.arange(n_old, device=key.device)[None]
+                state = _liger_context_state(retrofit, module.layer_idx, k_old, v_old, positions)
+            else:
+                state = _context_state(module, variant, k_old, v_old)
             key, value = key[:, :, n_old:], value[:, :, n_old:]
-        o, _ = student_attention(module, retrofit.variant, query, key, value, scaling, state)
+        o, _ = student_attention(module, variant, query, key, value, scaling, state, features=features)
     return o.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

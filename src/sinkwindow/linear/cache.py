@@ -12,10 +12,19 @@ unchanged. What one layer holds after t tokens (LINEAR.md §2.3)::
 None of it grows with t. The FIFO stays at the Hkv key/value heads (LoLCATs stores it after
 ``repeat_kv``, 3× larger for SmolLM2); S and z are per query head because the key feature maps are.
 
+A ``liger:W`` layer holds the gated state instead, and no z::
+
+    S      (b, Hkv, D, D)   Σ_j (decays since j) φk(k_j) v_jᵀ over every token so far, float32
+    keys   (b, Hkv, n, D)   the last n = min(t, w − 1) post-RoPE keys (the window query brings its own)
+    values (b, Hkv, n, D)
+
+Its S is per key/value head because its keys, values and gates are (``ops.chunk_gla``).
+
 The layer does no arithmetic itself: ``update`` only counts tokens and hands the new keys back; the
 attention function (``attention.linear_attention_forward``) reads ``state``, advances it with
-``ops.hybrid_attn_step`` / ``ops.linear_attn_step`` and writes it back with ``set_state``. Keys
-that leave the window need φk, which lives on the attention module, not on the cache.
+``ops.hybrid_attn_step`` / ``ops.linear_attn_step`` / ``ops.liger_attn_step`` and writes it back
+with ``set_state``. Keys that leave the window need φk, which lives on the attention module, not
+on the cache.
 """
 
 from __future__ import annotations
@@ -23,17 +32,31 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .ops import HybridAttnState, LinearAttnState
+from .ops import HybridAttnState, LigerAttnState, LinearAttnState
 
 __all__ = ["LinearAttnCache", "LinearAttnLayer"]
+
+KINDS = ("linear", "lolcats", "liger")
+
+
+def _kind(window: int | None, kind: str | None) -> str:
+    if kind is None:
+        kind = "linear" if window is None else "lolcats"
+    if kind not in KINDS:
+        raise ValueError(f"unknown linear-baseline kind {kind!r}; expected one of {KINDS}")
+    if (kind == "linear") != (window is None):
+        raise ValueError(f"a {kind!r} layer {'takes no' if kind == 'linear' else 'needs a'} window")
+    return kind
 
 
 class LinearAttnLayer(CacheLayerMixin):
     """One decoder layer's state for a converted model.
 
     Args:
-        window: w for the LoLCATs hybrid (the FIFO keeps the last w tokens), ``None`` for pure
-            linear attention (no FIFO).
+        window: w for the LoLCATs hybrid (the FIFO keeps the last w tokens) and for Liger (the last
+            w − 1), ``None`` for pure linear attention (no FIFO).
+        kind: ``"linear"``, ``"lolcats"`` or ``"liger"``; by default ``"linear"`` without a window and
+            ``"lolcats"`` with one.
     """
 
     is_sliding = False
@@ -41,10 +64,11 @@ class LinearAttnLayer(CacheLayerMixin):
     is_croppable = False
     supports_early_init = False
 
-    def __init__(self, window: int | None = None):
+    def __init__(self, window: int | None = None, kind: str | None = None):
         super().__init__()
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        self.kind = _kind(window, kind)
         self.window = window
         self.S: torch.Tensor | None = None
         self.z: torch.Tensor | None = None
@@ -74,18 +98,25 @@ class LinearAttnLayer(CacheLayerMixin):
         return key_states, value_states
 
     @property
-    def state(self) -> HybridAttnState | LinearAttnState | None:
+    def state(self) -> HybridAttnState | LinearAttnState | LigerAttnState | None:
         """The state after every token before the current forward, or ``None`` at the start."""
         if self.S is None:
             return None
+        if self.kind == "liger":
+            return LigerAttnState(self.S, self.keys, self.values)
         if self.window is None:
             return LinearAttnState(self.S, self.z)
         return HybridAttnState(self.S, self.z, self.keys, self.values)
 
-    def set_state(self, state: HybridAttnState | LinearAttnState) -> None:
+    def set_state(self, state: HybridAttnState | LinearAttnState | LigerAttnState) -> None:
         """Store the state after the current forward (called by the attention function)."""
-        self.S, self.z = state.S, state.z
-        if isinstance(state, HybridAttnState):
+        if isinstance(state, LigerAttnState) != (self.kind == "liger"):
+            raise TypeError(f"a {self.kind} layer got a {type(state).__name__}")
+        if isinstance(state, LigerAttnState):
+            self.S, self.z = state.S, None
+        else:
+            self.S, self.z = state.S, state.z
+        if isinstance(state, HybridAttnState | LigerAttnState):
             if self.window is None:
                 raise TypeError("a pure linear-attention layer got a hybrid state")
             # Slice views of the (FIFO + chunk) buffer would pin the whole chunk: keep a copy.
@@ -135,7 +166,7 @@ class LinearAttnLayer(CacheLayerMixin):
                 setattr(self, name, t.to(self.device, non_blocking=True))
 
     def nbytes(self) -> int:
-        """Bytes held right now: S, z and the FIFO."""
+        """Bytes held right now: S, z (none for Liger) and the FIFO."""
         return sum(
             t.numel() * t.element_size() for t in (self.S, self.z, self.keys, self.values) if t is not None
         )
@@ -146,12 +177,14 @@ class LinearAttnCache(Cache):
 
     Args:
         num_layers: decoder layers.
-        window: w for ``lolcats:W``, ``None`` for ``linear``.
+        window: w for ``lolcats:W`` and ``liger:W``, ``None`` for ``linear``.
+        kind: as in ``LinearAttnLayer``.
     """
 
-    def __init__(self, num_layers: int, window: int | None = None):
-        super().__init__(layers=[LinearAttnLayer(window) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, window: int | None = None, kind: str | None = None):
+        super().__init__(layers=[LinearAttnLayer(window, kind) for _ in range(num_layers)])
         self.window = window
+        self.kind = _kind(window, kind)
 
     def nbytes(self) -> int:
         """Bytes of state held right now, all layers."""

@@ -1,8 +1,9 @@
 """Checkpoints of trained baselines: only the retrofit's tensors, plus what built them.
 
 One ``.safetensors`` file holds the feature maps, window factors and LoRA weights (never the base
-model's weights, like LoLCATs ``save_trainable_weights``); its metadata holds a JSON document with
-the variant (kind, window, feature map, activation, init, feature dim, affine, eps), the LoRA
+model's weights, like LoLCATs ``save_trainable_weights``; a ``liger:W`` file holds only LoRA, as
+Liger adds no other parameters); its metadata holds a JSON document with the variant (kind,
+window, feature map, activation, init, feature dim, affine, eps, and Liger's mix and gate), the LoRA
 settings, the base model's shape signature and training facts (stage, steps, tokens, data, losses).
 Loading converts a fresh model from that metadata, so a checkpoint cannot be loaded into the wrong
 variant (LINEAR.md §7.5).

@@ -4,11 +4,13 @@
 
 1. adds ``feature_map_q``, ``feature_map_k`` (``HedgehogFeatureMap``, H heads each, identity init,
    the key map a copy of the query map) and, for the hybrid, ``window_factors`` (1, H, 1, 1) to
-   every decoder layer's attention module, so they appear in ``state_dict`` beside ``q_proj``;
+   every decoder layer's attention module, so they appear in ``state_dict`` beside ``q_proj``
+   (``liger:W`` adds nothing: its feature maps and gate have no parameters);
 2. registers ``linear_attention_forward`` and a no-mask builder with transformers under
    ``ATTN_NAME`` and switches the model's attention implementation to it;
 3. adds a forward pre-hook (and a cleanup hook) to each attention module that hands the ``cache``
-   keyword to the attention function, which advances the constant-size state;
+   keyword to the attention function, which advances the constant-size state (and, for Liger, the
+   ``position_embeddings`` it undoes RoPE with);
 4. sets ``model._sinkwindow_cache_factory`` so ``sinkwindow.make_cache(model)`` returns a
    ``LinearAttnCache``.
 
@@ -19,7 +21,9 @@ them), leaving the original model bit for bit.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
+import sys
 
 import torch
 import torch.nn as nn
@@ -28,18 +32,21 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from ..attributes import CACHE_FACTORY_ATTR
 from ..patch import active_spec, check_supported, text_config
+from ..rope import rope_for_model, rotate_half
 from ..spec import MethodSpec, parse_spec
 from .attention import (
     ATTN_NAME,
     CACHE_ATTR,
     DEFAULT_WINDOW_FACTOR,
     RETROFIT_ATTR,
+    ROPE_ATTR,
     LinearVariant,
     Retrofit,
     linear_attention_forward,
     linear_attention_mask,
 )
 from .feature_maps import FEATURE_MAPS
+from .ops import LIGER_GATE_NORMALIZER, LIGER_MIX
 
 __all__ = ["attention_modules", "convert", "get_retrofit", "is_converted", "revert", "set_mode"]
 
@@ -104,49 +111,95 @@ def _capture_cache(module: nn.Module, args: tuple, kwargs: dict) -> None:
     module.__dict__[CACHE_ATTR] = kwargs.get("cache", kwargs.get("past_key_values"))
 
 
+def _capture_rope(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # Liger un-rotates q and k with the very (cos, sin) the module rotates them with.
+    module.__dict__[ROPE_ATTR] = kwargs.get("position_embeddings")
+
+
 def _release_cache(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
     # Do not keep a finished generation's cache alive through the module.
     module.__dict__.pop(CACHE_ATTR, None)
+    module.__dict__.pop(ROPE_ATTR, None)
+
+
+def _rope_convention_error(attn: nn.Module) -> str | None:
+    """Why ``ops.unrotate_half`` would not invert this attention module's RoPE, or ``None``.
+
+    Liger recovers pre-RoPE q and k by undoing x·cos + rotate_half(x)·sin. The family's own
+    ``apply_rotary_pos_emb`` (the global its forward calls) is run once on random float64 inputs
+    and must give exactly that; interleaved conventions (GLM) or other position schemes fail here
+    rather than silently computing the wrong features.
+    """
+    forward = inspect.unwrap(type(attn).forward)
+    fn = forward.__globals__.get("apply_rotary_pos_emb")
+    if fn is None:
+        fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    name = type(attn).__name__
+    if fn is None:
+        return f"{name} applies no apply_rotary_pos_emb, so its pre-RoPE q and k cannot be recovered"
+    D = attn.head_dim
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 3, D, generator=g, dtype=torch.float64)
+    theta = torch.randn(1, 3, D // 2, generator=g, dtype=torch.float64)
+    emb = torch.cat([theta, theta], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    try:
+        got, _ = fn(x, x, cos, sin)
+    except Exception as err:  # noqa: BLE001 - any failure means "not the convention we invert"
+        return f"{name}'s apply_rotary_pos_emb does not take (q, k, cos, sin) ({err})"
+    want = x * cos[:, None] + rotate_half(x) * sin[:, None]
+    if got.shape != want.shape or not torch.allclose(got, want, atol=1e-12, rtol=0):
+        return f"{name}'s RoPE is not transformers' rotate_half convention, which liger:W inverts"
+    return None
 
 
 def convert(
     model: PreTrainedModel,
     spec: str | MethodSpec,
     *,
-    feature_map: str = "hedgehog",
+    feature_map: str | None = None,
     feature_dim: int | None = None,
     init: str = "identity",
     window_factor_init: float = DEFAULT_WINDOW_FACTOR,
     affine: bool = False,
     eps: float = 1e-12,
+    mix: tuple[float, float] = LIGER_MIX,
+    gate_normalizer: float = LIGER_GATE_NORMALIZER,
     seed: int | None = 0,
 ) -> PreTrainedModel:
     """Convert ``model`` in place to a linear-attention baseline and return it.
 
     Base weights are untouched and keep their ``requires_grad``; the new parameters (feature maps,
     window factors) require grad. Training freezes what it needs (``transfer``/``finetune``).
+    ``liger:W`` adds no parameters; its only trainable weights are the LoRA adapters the trainer
+    adds later.
 
     Args:
         model: a transformers causal LM of a supported family, not patched by ``sinkwindow.apply``.
-        spec: ``"lolcats:W"`` (hybrid) or ``"linear"`` (pure Hedgehog).
-        feature_map: ``"hedgehog"`` (softmax_dim, LoLCATs default), ``"hedgehog_exp"`` or ``"t2r"``.
+        spec: ``"lolcats:W"`` (hybrid), ``"linear"`` (pure Hedgehog) or ``"liger:W"``
+            (Liger-GLA(+SWA)).
+        feature_map: ``"hedgehog"`` (softmax_dim, LoLCATs default), ``"hedgehog_exp"`` or ``"t2r"``;
+            ``None`` is ``"hedgehog"`` (and ``"softmax"``, the only choice, for Liger).
         feature_dim: f (default D/2 for Hedgehog, so F = D).
         init: ``"identity"`` (LoLCATs ``--lk_zero_init``) or ``"kaiming"``.
         window_factor_init: ω at init (logit(0.1)); γ = sigmoid(ω).
         affine: λ = 1 − γ instead of 1; with a large ω the hybrid then reduces to SWA(w).
         eps: pure-linear normaliser guard.
+        mix: Liger: weights of its window and GLA branches, (0.5, 0.5); (1, 0) gives SWA(w, 0).
+        gate_normalizer: Liger: g = logsigmoid(k) / gate_normalizer.
         seed: seeds the ``kaiming`` init (identity init is deterministic); ``None`` leaves the RNG.
 
     Returns:
         The same model.
 
     Raises:
-        ValueError: wrong spec, unsupported model, already converted or patched.
+        ValueError: wrong spec, unsupported model (for Liger also a RoPE it cannot invert), already
+            converted or patched.
     """
     spec = parse_spec(spec)
     if not spec.is_linear:
         raise ValueError(
-            f"convert() builds linear baselines ('linear', 'lolcats:W'); use sinkwindow.apply for {spec}"
+            f"convert() builds linear baselines ('linear', 'lolcats:W', 'liger:W'); use sinkwindow.apply for {spec}"
         )
     check_supported(model)
     if is_converted(model):
@@ -166,17 +219,31 @@ def convert(
         window_factor_init=float(window_factor_init),
         affine=affine,
         eps=eps,
+        mix=mix,
+        gate_normalizer=gate_normalizer,
     )
     cfg = text_config(model)
     H = cfg.num_attention_heads
     mods = attention_modules(model)
     rf = Retrofit(variant=variant, impl=model.config._attn_implementation, num_layers=len(mods))
+    if variant.kind == "liger":
+        for attn in mods:
+            reason = _rope_convention_error(attn)
+            if reason:
+                raise ValueError(f"cannot convert to {spec}: {reason}")
+        try:
+            rf.ropes = rope_for_model(model, getattr(cfg, "layer_types", None))
+        except NotImplementedError as err:
+            logger.info(
+                "%s: no stock-cache fallback (%s); decode with sinkwindow.make_cache(model)", spec, err
+            )
+        return _install(model, rf, mods, spec, H)
     ref = next(model.parameters())
     if seed is not None and init != "identity":
         torch.manual_seed(seed)
     for attn in mods:
         D = attn.head_dim
-        fm = FEATURE_MAPS[feature_map](H, D, feature_dim=feature_dim, init=init, device=ref.device)
+        fm = FEATURE_MAPS[variant.feature_map](H, D, feature_dim=feature_dim, init=init, device=ref.device)
         attn.feature_map_q = fm
         # LoLCATs deep-copies the query map: both start equal and train apart.
         attn.feature_map_k = copy.deepcopy(fm)
@@ -184,8 +251,18 @@ def convert(
             attn.window_factors = nn.Parameter(
                 torch.full((1, H, 1, 1), float(window_factor_init), device=ref.device)
             )
+    return _install(model, rf, mods, spec, H)
+
+
+def _install(
+    model: PreTrainedModel, rf: Retrofit, mods: list[nn.Module], spec: MethodSpec, H: int
+) -> PreTrainedModel:
+    """Steps 2-4 of ``convert``: hooks, attention implementation, cache factory."""
+    for attn in mods:
         setattr(attn, RETROFIT_ATTR, rf)
         rf.hooks.append(attn.register_forward_pre_hook(_capture_cache, with_kwargs=True))
+        if rf.variant.kind == "liger":
+            rf.hooks.append(attn.register_forward_pre_hook(_capture_rope, with_kwargs=True))
         rf.hooks.append(attn.register_forward_hook(_release_cache, with_kwargs=True, always_call=True))
         rf.modules.append(attn)
     _register()
@@ -215,6 +292,7 @@ def revert(model: PreTrainedModel) -> PreTrainedModel:
                 delattr(attn, name)
         attn.__dict__.pop(RETROFIT_ATTR, None)
         attn.__dict__.pop(CACHE_ATTR, None)
+        attn.__dict__.pop(ROPE_ATTR, None)
     model.set_attn_implementation(rf.impl)
     delattr(model, RETROFIT_ATTR)
     model.__dict__.pop(CACHE_FACTORY_ATTR, None)

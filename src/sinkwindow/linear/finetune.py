@@ -1,5 +1,8 @@
 """Stage 2, low-rank adjusting (LINEAR.md §4): LoRA on q/k/v/o through peft, next-token loss.
 
+Liger (``liger:W``) has only this stage, with its own settings (``LIGER_LORA``): r = 8 on q, k and v
+(``o_proj`` stays frozen), alpha 8, trained at lr 1e-3.
+
 LoRA adapters are injected with ``peft.inject_adapter_in_model``, which replaces the targeted
 ``nn.Linear``s by peft's LoRA layers inside the existing modules. The model stays the same
 ``PreTrainedModel`` (no ``PeftModel`` wrapper), so ``sinkwindow.prefill``, ``generate`` and the
@@ -17,7 +20,7 @@ from transformers import PreTrainedModel
 
 from .convert import get_retrofit
 
-__all__ = ["DEFAULT_LORA", "add_lora", "lm_step", "lora_parameters", "remove_lora"]
+__all__ = ["DEFAULT_LORA", "LIGER_LORA", "add_lora", "lm_step", "lora_parameters", "remove_lora"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +30,14 @@ DEFAULT_LORA = {
     "alpha": 16,
     "dropout": 0.0,
     "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"],
+}
+# Liger: r = 8 with peft's default alpha (8, so scale 1), dropout 0, on q, k and v only. A fused
+# qkv_proj (Phi-3) holds exactly those three.
+LIGER_LORA = {
+    "r": 8,
+    "alpha": 8,
+    "dropout": 0.0,
+    "targets": ["q_proj", "k_proj", "v_proj", "qkv_proj"],
 }
 
 

@@ -8,6 +8,7 @@ Conventions, shared with ``ops.py``:
 - q, k, v: (b, H, L, D), post-RoPE, keys and values already expanded to the H query heads with
   ``repeat_kv`` (grouped-query attention is the caller's business here).
 - q_feat, k_feat: (b, H, L, F), the feature maps φq(q) and φk(k).
+- g: (b, H, L, F), GLA's per-channel log decays (Liger: logsigmoid(pre-RoPE k) / 16).
 - Computation runs in float64 when any input is float64, else in float32; outputs are cast back to
   ``v.dtype`` and states stay in the compute dtype.
 """
@@ -17,9 +18,13 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "naive_quadratic_gla",
     "naive_quadratic_hybrid_attn",
+    "naive_quadratic_liger_attn",
     "naive_quadratic_linear_attn",
+    "naive_recurrent_gla",
     "naive_recurrent_hybrid_attn",
+    "naive_recurrent_liger_attn",
     "naive_recurrent_linear_attn",
 ]
 
@@ -212,3 +217,152 @@ def naive_recurrent_hybrid_attn(
         den = a.sum(-1, keepdim=True) + lam * (phi_q * z).sum(-1, keepdim=True)
         outs.append(num / den)
     return torch.stack(outs, dim=2).to(v.dtype), (S, z)
+
+
+def naive_quadratic_gla(
+    q_feat: torch.Tensor, k_feat: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float = 1.0
+) -> torch.Tensor:
+    """Gated linear attention as one masked (L, L) matrix, O(L²·F).
+
+    With the whole sequence's log decay b_i = Σ_{s≤i} g_s::
+
+        o_i = scale · Σ_{j≤i} (Σ_f φq_i,f φk_j,f exp(b_i,f − b_j,f)) v_j
+
+    which is the unrolled recurrence S_t = diag(exp g_t) S_{t−1} + φk_t v_tᵀ, o_t = scale · φq_tᵀ S_t.
+    Exponents are ≤ 0 on the causal pairs, but b_i − b_j is a difference of two long sums, so keep
+    sequences short (the recurrent form is the reference at long lengths).
+
+    Args:
+        q_feat, k_feat: (b, H, L, F).
+        v: (b, H, L, D).
+        g: (b, H, L, F), log decays.
+        scale: output scale.
+
+    Returns:
+        o: (b, H, L, D) in ``v.dtype``.
+    """
+    dt = _dtype(q_feat, k_feat, v, g)
+    L = q_feat.shape[-2]
+    b = g.to(dt).cumsum(-2)
+    causal = torch.ones(L, L, dtype=torch.bool, device=q_feat.device).tril()[:, :, None]
+    expo = (b[:, :, :, None, :] - b[:, :, None, :, :]).masked_fill(~causal, float("-inf"))
+    a = torch.einsum("bhif,bhjf,bhijf->bhij", q_feat.to(dt), k_feat.to(dt), torch.exp(expo))
+    return (scale * a @ v.to(dt)).to(v.dtype)
+
+
+def naive_recurrent_gla(
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated linear attention one token at a time: S = diag(exp g_t) S + φk_t v_tᵀ, o_t = scale · φq_tᵀ S.
+
+    Args:
+        q_feat, k_feat: (b, H, L, F).
+        v: (b, H, L, D).
+        g: (b, H, L, F), log decays (the decay is on the key/feature axis of S).
+        scale: output scale.
+        initial_state: S (b, H, F, D) of earlier tokens, or None for zeros.
+
+    Returns:
+        o: (b, H, L, D) in ``v.dtype``.
+        S: (b, H, F, D) after the last token, in the compute dtype.
+    """
+    dt = _dtype(q_feat, k_feat, v, g)
+    b, H, L, F = q_feat.shape
+    D = v.shape[-1]
+    S = q_feat.new_zeros(b, H, F, D, dtype=dt) if initial_state is None else initial_state.to(dt)
+    outs = []
+    for t in range(L):
+        k_t, v_t = k_feat[:, :, t].to(dt), v[:, :, t].to(dt)
+        S = torch.exp(g[:, :, t].to(dt))[..., :, None] * S + k_t[..., :, None] * v_t[..., None, :]
+        outs.append(scale * torch.einsum("bhf,bhfd->bhd", q_feat[:, :, t].to(dt), S))
+    out = torch.stack(outs, dim=2) if outs else v.new_zeros(b, H, 0, D, dtype=dt)
+    return out.to(v.dtype), S
+
+
+def naive_quadratic_liger_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    g: torch.Tensor,
+    window: int,
+    mix: tuple[float, float] = (0.5, 0.5),
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Liger-GLA(+SWA), O(L²): mix[0] · dense sliding-window softmax + mix[1] · ``naive_quadratic_gla``.
+
+    The window branch is softmax attention with scores q·k·scale masked to i − w < j ≤ i and
+    normalised over that window alone; the GLA branch has scale 1 and no normaliser.
+
+    Args:
+        q, k, v: (b, H, L, D), post-RoPE (k, v expanded to H heads).
+        q_feat, k_feat, g: (b, H, L, F), from the pre-RoPE q and k.
+        window: w ≥ 1.
+        mix: (window weight, GLA weight).
+        scale: window score scale, 1/√D by default.
+
+    Returns:
+        o: (b, H, L, D) in ``v.dtype``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    dt = _dtype(q, k, v, q_feat, k_feat, g)
+    L, D = q.shape[-2], q.shape[-1]
+    scale = D**-0.5 if scale is None else scale
+    i = torch.arange(L, device=q.device)[:, None]
+    j = torch.arange(L, device=q.device)[None, :]
+    s = torch.einsum("bhid,bhjd->bhij", q.to(dt), k.to(dt)) * scale
+    s = s.masked_fill(~((j <= i) & (j > i - window)), float("-inf"))
+    swa = torch.softmax(s, dim=-1) @ v.to(dt)
+    gla = naive_quadratic_gla(q_feat.to(dt), k_feat.to(dt), v.to(dt), g.to(dt))
+    return (mix[0] * swa + mix[1] * gla).to(v.dtype)
+
+
+def naive_recurrent_liger_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    g: torch.Tensor,
+    window: int,
+    mix: tuple[float, float] = (0.5, 0.5),
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Liger-GLA(+SWA) as a decoder runs it, one token at a time with a FIFO of the last w − 1 keys.
+
+    Per token: S = diag(exp g_t) S + φk_t v_tᵀ; the query attends by softmax over the FIFO plus its
+    own key; o_t = mix[0] · window output + mix[1] · φq_tᵀ S; then the FIFO keeps the last w − 1.
+
+    Args:
+        as in ``naive_quadratic_liger_attn``.
+
+    Returns:
+        o: (b, H, L, D) in ``v.dtype``.
+        S: (b, H, F, D), the GLA state after the last token, in the compute dtype.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    dt = _dtype(q, k, v, q_feat, k_feat, g)
+    b, H, L, D = q.shape
+    F = q_feat.shape[-1]
+    scale = D**-0.5 if scale is None else scale
+    S = q.new_zeros(b, H, F, D, dtype=dt)
+    fifo: list[int] = []
+    outs = []
+    for t in range(L):
+        k_t, v_t = k_feat[:, :, t].to(dt), v[:, :, t].to(dt)
+        S = torch.exp(g[:, :, t].to(dt))[..., :, None] * S + k_t[..., :, None] * v_t[..., None, :]
+        idx = [*fifo, t]
+        s = torch.einsum("bhd,bhnd->bhn", q[:, :, t].to(dt), k[:, :, idx].to(dt)) * scale
+        swa = torch.einsum("bhn,bhnd->bhd", torch.softmax(s, dim=-1), v[:, :, idx].to(dt))
+        gla = torch.einsum("bhf,bhfd->bhd", q_feat[:, :, t].to(dt), S)
+        outs.append(mix[0] * swa + mix[1] * gla)
+        fifo = idx[max(0, len(idx) - (window - 1)) :] if window > 1 else []
+    return torch.stack(outs, dim=2).to(v.dtype), S

@@ -36,6 +36,21 @@ Conventions:
 - Compute runs in float32, or float64 when any input is float64. Outputs are cast back to
   ``v.dtype``. States (S, z) stay in the compute dtype: bf16 accumulation of z drifts by percents
   over 1e5 tokens (LINEAR.md §2.3, §7.3).
+
+Liger-GLA(+SWA) (``chunk_gla``, ``gla_step``, ``chunk_liger_attn``, ``liger_attn_step``) adds no
+parameters to the model. Its linear branch is gated linear attention (GLA) on feature maps that
+are a plain softmax over the head dimension of the *pre-RoPE* query and key, with a per-channel
+forget gate computed from the pre-RoPE key::
+
+    φq_t = softmax(q_t), φk_t = softmax(k_t), g_t = logsigmoid(k_t) / 16      (all ≤ 0 for g)
+    S_t  = diag(exp g_t) S_{t−1} + φk_t v_tᵀ                                  (F × D, F = D)
+    o_t  = φq_tᵀ S_t                                                           (scale 1, no normaliser)
+
+The decay acts on the key (feature) axis. The layer outputs 0.5 · SWA_w + 0.5 · GLA, where SWA_w is
+plain softmax attention of the post-RoPE query over the last w post-RoPE keys (its own included),
+normalised on its own; the two branches share nothing but v. Because k, v and g are per key/value
+head, so is S: under GQA the state is kept at the Hkv heads and every query head of a group reads
+the same S, which is exact (not an approximation) and Hkv/H the size of a per-query-head state.
 """
 
 from __future__ import annotations
@@ -47,15 +62,26 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "GLA_CHUNK",
     "HybridAttnState",
+    "LIGER_GATE_NORMALIZER",
+    "LIGER_MIX",
+    "LigerAttnState",
     "LinearAttnState",
+    "chunk_gla",
     "chunk_hybrid_attn",
+    "chunk_liger_attn",
     "chunk_linear_attn",
+    "gla_step",
     "hybrid_attn_past_window",
     "hybrid_attn_step",
+    "liger_attn_step",
+    "liger_feature_map",
+    "liger_gate",
     "linear_attn_step",
     "prefill_state",
     "repeat_kv",
+    "unrotate_half",
     "window_softmax_terms",
 ]
 
@@ -599,3 +625,343 @@ def prefill_state(
     S = torch.einsum("bhlf,bhld->bhfd", kf, repeat_kv(v[:, :, :n_lin], H // Hkv).to(dt))
     z = kf.sum(-2)
     return HybridAttnState(S, z, k[:, :, n_lin:], v[:, :, n_lin:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Liger-GLA(+SWA): gated linear attention plus a separately normalised sliding window.
+
+# Weights of (sliding-window softmax, gated linear attention) in the output. Liger's sources call
+# the even split important; the weights are fixed, not learned.
+LIGER_MIX = (0.5, 0.5)
+# g = logsigmoid(k) / 16: the divisor keeps the decay per step close to 1 (|g| ≤ |k| / 16).
+LIGER_GATE_NORMALIZER = 16.0
+# Tokens per chunk of ``chunk_gla``. The intra-chunk term costs O(C·F) per token and memory
+# (b, Hkv, L, C, F); the state recurrence runs L / C sequential steps. 16 balances the two.
+GLA_CHUNK = 16
+
+
+class LigerAttnState(NamedTuple):
+    """Decode state of Liger-GLA(+SWA) after t tokens; its size does not depend on t once t ≥ w − 1.
+
+    The GLA branch has folded every token into S already; the window branch needs only the keys the
+    next query's window reaches back to, i.e. the last w − 1 (the query brings its own).
+
+    Attributes:
+        S: (b, Hkv, F, D), Σ_j (Π_{j<s≤t} diag(exp g_s)) φk_j v_jᵀ, in the compute dtype.
+        k_win: (b, Hkv, n, D), n = min(t, w − 1), post-RoPE keys in the model dtype, oldest first.
+        v_win: (b, Hkv, n, D).
+    """
+
+    S: torch.Tensor
+    k_win: torch.Tensor
+    v_win: torch.Tensor
+
+
+def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Undo transformers' rotate_half RoPE: the vector the model rotated, from the rotated one.
+
+    The model computed x_rot = x·cos + rotate_half(x)·sin on the first r = ``cos.shape[-1]``
+    channels (partial rotary leaves the rest alone), with any ``attention_scaling`` already
+    multiplied into cos and sin. Since cos and sin repeat over the two halves, x_rot·cos −
+    rotate_half(x_rot)·sin = x·(cos² + sin²) channel by channel, hence the division (by 1 for
+    plain RoPE, by the scaling² for YaRN and the like).
+
+    Args:
+        x: (b, h, T, D), post-RoPE.
+        cos, sin: (b, T, r), the ``position_embeddings`` the model applied, r ≤ D and even.
+
+    Returns:
+        (b, h, T, D), pre-RoPE, in float32 (float64 for float64 inputs).
+    """
+    dt = _compute_dtype(x, cos, sin)
+    r = cos.shape[-1]
+    c, s_ = cos.to(dt)[:, None], sin.to(dt)[:, None]
+    xr = x[..., :r].to(dt)
+    x1, x2 = xr.chunk(2, dim=-1)
+    rot = torch.cat((-x2, x1), dim=-1)
+    out = (xr * c - rot * s_) / (c * c + s_ * s_)
+    if r == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., r:].to(dt)), dim=-1)
+
+
+def liger_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """Liger's parameter-free feature map φ(x) = softmax(x) over the head dimension.
+
+    Args:
+        x: (b, h, L, D), a pre-RoPE query or key.
+
+    Returns:
+        (b, h, L, D), positive and summing to one per token, in float32 (float64 for float64 input).
+        It commutes with ``repeat_kv``, so keys are mapped at their Hkv heads.
+    """
+    return torch.softmax(x.to(_compute_dtype(x)), dim=-1)
+
+
+def liger_gate(k: torch.Tensor, normalizer: float = LIGER_GATE_NORMALIZER) -> torch.Tensor:
+    """Liger's forget gate in log space, g = logsigmoid(pool(k)) / normalizer, per channel.
+
+    Liger pools the k_proj output (b, L, Hkv·D) with ``AdaptiveAvgPool1d(Hkv·D)``: the output size
+    equals the input size, so the pool is the identity and g is an elementwise function of the
+    pre-RoPE key, shaped like it.
+
+    Args:
+        k: (b, Hkv, L, D), pre-RoPE keys.
+        normalizer: 16 in Liger.
+
+    Returns:
+        (b, Hkv, L, D), all < 0 (decay exp g in (0, 1)), float32 (float64 for float64 input).
+    """
+    return F.logsigmoid(k.to(_compute_dtype(k))) / normalizer
+
+
+def _gla_heads(q_feat: torch.Tensor, k_feat: torch.Tensor) -> tuple[int, int]:
+    H, Hkv = q_feat.shape[1], k_feat.shape[1]
+    if H % Hkv:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({Hkv})")
+    return Hkv, H // Hkv
+
+
+def chunk_gla(
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = GLA_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated linear attention o_t = scale · φq_tᵀ S_t, S_t = diag(exp g_t) S_{t−1} + φk_t v_tᵀ, chunked.
+
+    Matches ``naive_recurrent_gla`` for any length, however negative the gates. Inside a chunk of
+    C tokens, with b_t = Σ_{chunk start ≤ s ≤ t} g_s (log decay, non-increasing)::
+
+        o_t = scale · [ (φq_t ⊙ exp b_t)ᵀ S_prev + Σ_{j ≤ t in chunk} Σ_f φq_t,f φk_j,f exp(b_t,f − b_j,f) v_j ]
+        S_next = diag(exp b_last) S_prev + Σ_j (φk_j ⊙ exp(b_last − b_j)) v_jᵀ
+
+    Every exponent here is ≤ 0, so nothing can overflow: the intra-chunk weights are formed pair
+    by pair (a (C, C, F) block per chunk) instead of as (φq e^b)(φk e^−b)ᵀ, whose factor e^−b
+    overflows float32 once a chunk's gates sum below about −88 (and float64 below −709), which
+    strongly negative gates reach in a few tokens. The price is O(C·F) work and memory per token
+    for that block, hence the small chunk. The state then runs through the L / C chunk
+    boundaries in a loop.
+
+    Args:
+        q_feat: (b, H, L, F).
+        k_feat: (b, Hkv, L, F), H a multiple of Hkv (Hkv = H for keys already expanded).
+        v: (b, Hkv, L, D).
+        g: (b, Hkv, L, F), log decays ≤ 0 (positive values work too, but grow the state).
+        scale: multiplies the output (Liger: 1).
+        initial_state: (b, Hkv, F, D), S before the first token, or None for zeros.
+        output_final_state: also return S after the last token.
+        chunk_size: C, capped at L; any L works (the tail is padded with k = v = 0 and g = 0, which
+            leaves the state unchanged).
+
+    Returns:
+        o: (b, H, L, D) in ``v.dtype``.
+        final_state: (b, Hkv, F, D) in float32 (float64 for float64 inputs), or None.
+    """
+    dt = _compute_dtype(q_feat, k_feat, v, g)
+    b, H, L, Fd = q_feat.shape
+    Hkv, G = _gla_heads(q_feat, k_feat)
+    D = v.shape[-1]
+    S = (
+        q_feat.new_zeros(b, Hkv, Fd, D, dtype=dt)
+        if initial_state is None
+        else initial_state.to(device=q_feat.device, dtype=dt)
+    )
+    if L == 0:
+        return v.new_zeros(b, H, 0, D), (S if output_final_state else None)
+    C = max(1, min(chunk_size, L))
+    n = -(-L // C)
+    Lp = n * C
+    q_, k_, v_, g_ = (_pad_to(x.to(dt), Lp) for x in (q_feat, k_feat, v, g))
+    qc = q_.reshape(b, Hkv, G, n, C, Fd) * scale  # query head h = kv·G + group index, as repeat_kv
+    kc = k_.reshape(b, Hkv, n, C, Fd)
+    vc = v_.reshape(b, Hkv, n, C, D)
+    bc = g_.reshape(b, Hkv, n, C, Fd).cumsum(-2)  # [b, Hkv, n, C, F]
+
+    # Intra-chunk, pair by pair: exponent b_t − b_j ≤ 0 for j ≤ t. Pairs j > t (positive exponents
+    # that could overflow) are set to −inf before the exp, not masked after it.
+    causal = torch.ones(C, C, dtype=torch.bool, device=q_feat.device).tril()[:, :, None]  # [t, j, 1]
+    expo = (bc[..., :, None, :] - bc[..., None, :, :]).masked_fill(~causal, float("-inf"))
+    k_pair = kc[..., None, :, :] * torch.exp(expo)  # [b, Hkv, n, C(t), C(j), F]
+    a = torch.einsum("bkgntf,bkntjf->bkgntj", qc, k_pair)
+    o = torch.einsum("bkgntj,bknjd->bkgntd", a, vc)
+
+    # Across chunks: each chunk's own contribution to the state, decayed to its last token.
+    last = bc[..., -1, :]  # [b, Hkv, n, F]
+    dS = torch.einsum("bkncf,bkncd->bknfd", kc * torch.exp(last[..., None, :] - bc), vc)
+    decay = torch.exp(last)[..., None]  # [b, Hkv, n, F, 1]
+    prev = []
+    for c in range(n):
+        prev.append(S)
+        S = decay[:, :, c] * S + dS[:, :, c]
+    S_prev = torch.stack(prev, dim=2)  # [b, Hkv, n, F, D], the state entering each chunk
+    o = o + torch.einsum("bkgncf,bknfd->bkgncd", qc * torch.exp(bc)[:, :, None], S_prev)
+    o = o.reshape(b, H, Lp, D)[:, :, :L].to(v.dtype)
+    return o, (S if output_final_state else None)
+
+
+def gla_step(
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    state: torch.Tensor | None = None,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advance gated linear attention by T ≥ 1 tokens; T = 1 is the O(F·D) decode step.
+
+    Args:
+        q_feat: (b, H, T, F).
+        k_feat, g: (b, Hkv, T, F).
+        v: (b, Hkv, T, D).
+        state: S (b, Hkv, F, D) after the earlier tokens, or None at the start.
+        scale: output scale.
+
+    Returns:
+        o: (b, H, T, D) in ``v.dtype``.
+        state: the new S, (b, Hkv, F, D) in the compute dtype.
+    """
+    if q_feat.shape[-2] != 1:
+        o, S = chunk_gla(q_feat, k_feat, v, g, scale, state, output_final_state=True)
+        assert S is not None
+        return o, S
+    dt = _compute_dtype(q_feat, k_feat, v, g)
+    b, H, _, Fd = q_feat.shape
+    Hkv, G = _gla_heads(q_feat, k_feat)
+    D = v.shape[-1]
+    k_t, v_t, g_t = k_feat[:, :, 0].to(dt), v[:, :, 0].to(dt), g[:, :, 0].to(dt)
+    S = k_t[..., :, None] * v_t[..., None, :]
+    if state is not None:
+        S = torch.exp(g_t)[..., None] * state.to(dt) + S
+    o = torch.einsum("bkgf,bkfd->bkgd", q_feat.reshape(b, Hkv, G, Fd).to(dt), S) * scale
+    return o.reshape(b, H, 1, D).to(v.dtype), S
+
+
+def _mix_weights(mix: tuple[float, float]) -> tuple[float, float]:
+    if len(mix) != 2:
+        raise ValueError(f"mix must be (window weight, GLA weight), got {mix!r}")
+    return float(mix[0]), float(mix[1])
+
+
+def chunk_liger_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    g: torch.Tensor,
+    window: int,
+    mix: tuple[float, float] = LIGER_MIX,
+    scale: float | None = None,
+    state: LigerAttnState | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = GLA_CHUNK,
+    block: int | None = None,
+) -> tuple[torch.Tensor, LigerAttnState | None]:
+    """Liger-GLA(+SWA) over T new tokens: mix[0] · SWA_w(q, k, v) + mix[1] · GLA(φq, φk, v, g).
+
+    Matches ``naive_quadratic_liger_attn``. The window branch runs in query blocks against the
+    w + block keys covering them (as the LoLCATs window term does), over the state's FIFO followed
+    by the new tokens; the GLA branch is ``chunk_gla`` continuing the state's S. Differentiable in
+    every input. Any T works.
+
+    Args:
+        q: (b, H, T, D), post-RoPE.
+        k, v: (b, Hkv, T, D), post-RoPE, *not* expanded; H a multiple of Hkv.
+        q_feat: (b, H, T, F), φq of the pre-RoPE queries (``liger_feature_map``).
+        k_feat, g: (b, Hkv, T, F), φk and the gate of the pre-RoPE keys (``liger_gate``).
+        window: w ≥ 1, keys in the softmax window, the query's own included.
+        mix: weights of the window and GLA branches; (0.5, 0.5) in Liger.
+        scale: score scale of the window branch, 1/√D by default. The GLA branch has none.
+        state: the state after the earlier tokens, or None at the start.
+        output_final_state: also return the state after the last token.
+        chunk_size: chunk of the GLA branch.
+        block: queries per window block; default w/2 within [64, 128].
+
+    Returns:
+        o: (b, H, T, D) in ``v.dtype``.
+        state: ``LigerAttnState`` (S in float32 or float64, FIFO in ``k.dtype``), or None.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    Hkv, G = _gla_heads(q, k)
+    a, c = _mix_weights(mix)
+    dt = _compute_dtype(q, k, v, q_feat, k_feat, g)
+    T, D = q.shape[-2], q.shape[-1]
+    scale = D**-0.5 if scale is None else scale
+    k_ctx, v_ctx = k, v
+    if state is not None:
+        k_ctx = torch.cat([state.k_win.to(k.dtype), k], dim=-2)
+        v_ctx = torch.cat([state.v_win.to(v.dtype), v], dim=-2)
+    n_old = k_ctx.shape[-2] - T
+    if block is None:
+        block = min(128, max(64, window // 2))
+    num, den = _window_terms(
+        q.to(dt), repeat_kv(k_ctx, G).to(dt), repeat_kv(v_ctx, G).to(dt), window, scale, n_old, block
+    )
+    o_gla, S = chunk_gla(
+        q_feat, k_feat, v, g, 1.0, None if state is None else state.S, output_final_state, chunk_size
+    )
+    o = (a * num / den[..., None] + c * o_gla.to(dt)).to(v.dtype)
+    if not output_final_state:
+        return o, None
+    keep = min(k_ctx.shape[-2], window - 1)
+    n_ctx = k_ctx.shape[-2]
+    return o, LigerAttnState(S, k_ctx[:, :, n_ctx - keep :], v_ctx[:, :, n_ctx - keep :])
+
+
+def liger_attn_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    g: torch.Tensor,
+    state: LigerAttnState | None,
+    window: int,
+    mix: tuple[float, float] = LIGER_MIX,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, LigerAttnState]:
+    """Advance Liger-GLA(+SWA) by T ≥ 1 tokens; T = 1 is the constant-cost decode step.
+
+    For T = 1: the GLA state decays and takes the new token (``gla_step``), the query attends by
+    softmax over the FIFO plus its own key (at most w keys), and the FIFO keeps the last w − 1.
+    T > 1 (chunked prefill, or a prompt with ``state=None``) runs ``chunk_liger_attn``.
+
+    Args:
+        q, k, v, q_feat, k_feat, g, window, mix, scale: as in ``chunk_liger_attn``, for the new
+            tokens only.
+        state: the state after the earlier tokens, or None at the start of a sequence.
+
+    Returns:
+        o: (b, H, T, D) in ``v.dtype``.
+        state: the updated ``LigerAttnState``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if q.shape[-2] != 1:
+        o, new = chunk_liger_attn(
+            q, k, v, q_feat, k_feat, g, window, mix, scale, state=state, output_final_state=True
+        )
+        assert new is not None
+        return o, new
+    Hkv, G = _gla_heads(q, k)
+    a, c = _mix_weights(mix)
+    dt = _compute_dtype(q, k, v, q_feat, k_feat, g)
+    D = q.shape[-1]
+    scale = D**-0.5 if scale is None else scale
+    o_gla, S = gla_step(q_feat, k_feat, v, g, None if state is None else state.S)
+    k_ctx, v_ctx = k, v
+    if state is not None:
+        k_ctx = torch.cat([state.k_win.to(k.dtype), k], dim=-2)[:, :, -window:]
+        v_ctx = torch.cat([state.v_win.to(v.dtype), v], dim=-2)[:, :, -window:]
+    s = torch.einsum("bhtd,bhnd->bhtn", q.to(dt), repeat_kv(k_ctx, G).to(dt)) * scale
+    o_win = torch.softmax(s, dim=-1) @ repeat_kv(v_ctx, G).to(dt)
+    o = (a * o_win + c * o_gla.to(dt)).to(v.dtype)
+    keep = min(k_ctx.shape[-2], window - 1)
+    n_ctx = k_ctx.shape[-2]
+    return o, LigerAttnState(S, k_ctx[:, :, n_ctx - keep :], v_ctx[:, :, n_ctx - keep :])

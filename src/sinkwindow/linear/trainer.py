@@ -5,7 +5,11 @@ batch 1 × accumulation 8 of packed 1024-token chunks, gradient clipping at 1.0,
 ``ReduceLROnPlateau(factor=0.1, patience=10, min_lr=1e-5)`` stepped on the validation loss at
 each evaluation, and the checkpoint with the best validation loss reloaded at the end. Here the
 budget is a number of training tokens rather than epochs, and a stage folder holds everything
-needed to pick the run up again in another session::
+needed to pick the run up again in another session.
+
+Which stages run, and the LoRA settings, come from the spec (``recipe_for``): ``lolcats:W`` and
+``linear`` run attention transfer then LoRA on q/k/v/o (alpha 16, lr 1e-4); ``liger:W`` has no
+feature maps to transfer and runs a single LoRA stage on q/k/v (alpha 8, lr 1e-3)::
 
     <stage>/last.safetensors    retrofit tensors after the latest saved step
     <stage>/trainer.pt          optimiser, scheduler, step, best loss, wall time, RNG
@@ -30,14 +34,61 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
+from ..spec import parse_spec
+from .attention import DEFAULT_WINDOW_FACTOR
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import PackedData, load_training_data
+from .finetune import DEFAULT_LORA, LIGER_LORA
 
-__all__ = ["StageConfig", "StageResult", "run_stage", "train_baseline"]
+__all__ = ["Recipe", "StageConfig", "StageResult", "recipe_for", "run_stage", "train_baseline"]
 
 logger = logging.getLogger(__name__)
 
 StepFn = Callable[..., dict]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a baseline trains, by spec kind (what ``train_baseline`` uses where it is not told).
+
+    Attributes:
+        stages: ``("transfer", "finetune")`` or ``("finetune",)``.
+        lr_finetune: AdamW learning rate of the LoRA stage.
+        lora_alpha: LoRA scale numerator (scale = alpha / r).
+        lora_targets: attention projections that get LoRA (those a family lacks are skipped).
+    """
+
+    stages: tuple[str, ...]
+    lr_finetune: float
+    lora_alpha: float
+    lora_targets: tuple[str, ...]
+
+
+def recipe_for(spec: str) -> Recipe:
+    """The training recipe of a linear baseline: LoLCATs' two stages, or Liger's single LoRA stage."""
+    if parse_spec(spec).kind == "liger":
+        return Recipe(("finetune",), 1e-3, LIGER_LORA["alpha"], tuple(LIGER_LORA["targets"]))
+    return Recipe(("transfer", "finetune"), 1e-4, DEFAULT_LORA["alpha"], tuple(DEFAULT_LORA["targets"]))
+
+
+# Feature-map options every ``sinkwindow train`` passes, at values that mean "not set". Liger has no
+# feature maps, so these are dropped for it; any other value is passed on and refused by ``convert``.
+_UNSET_FEATURE_OPTIONS = {
+    "feature_map": ("hedgehog", None),
+    "feature_dim": (None,),
+    "init": ("identity",),
+    "affine": (False,),
+    "window_factor_init": (DEFAULT_WINDOW_FACTOR,),
+}
+
+
+def _convert_options(spec: str, options: dict | None) -> dict:
+    opts = dict(options or {})
+    if parse_spec(spec).kind == "liger":
+        for name, unset in _UNSET_FEATURE_OPTIONS.items():
+            if name in opts and opts[name] in unset:
+                del opts[name]
+    return opts
 
 
 @dataclass
@@ -339,12 +390,13 @@ def train_baseline(
     seq_len: int = 1024,
     grad_accum: int = 8,
     lr_transfer: float = 1e-2,
-    lr_finetune: float = 1e-4,
+    lr_finetune: float | None = None,
     eval_every: int = 100,
     save_every: int = 10,
     val_batches: int = 8,
     lora_r: int = 8,
-    lora_alpha: float = 16,
+    lora_alpha: float | None = None,
+    lora_targets: list[str] | tuple[str, ...] | None = None,
     layer_group: int | None = None,
     max_minutes: float | None = None,
     resume: bool = True,
@@ -352,21 +404,45 @@ def train_baseline(
     convert_options: dict | None = None,
     model_name: str | None = None,
 ) -> dict:
-    """Convert ``model`` to ``spec`` and train it in two stages; write ``out_dir/model.safetensors``.
+    """Convert ``model`` to ``spec`` and train it in its recipe's stages; write ``out_dir/model.safetensors``.
 
-    Stage 1 (attention transfer) trains feature maps and γ on ``transfer_tokens``; stage 2 trains
-    LoRA (r = ``lora_r``) on q/k/v/o with next-token loss on ``finetune_tokens`` (0 skips it). Both
-    read the same packed chunks from the start, as LoLCATs does. Rerunning with the same folder
-    resumes where the last session stopped.
+    For ``lolcats:W`` and ``linear``, stage 1 (attention transfer) trains feature maps and γ on
+    ``transfer_tokens``; stage 2 trains LoRA (r = ``lora_r``) on q/k/v/o with next-token loss on
+    ``finetune_tokens`` (0 skips it). Both read the same packed chunks from the start, as LoLCATs
+    does. ``liger:W`` has no stage 1 (``transfer_tokens`` is ignored) and trains LoRA on q/k/v on
+    ``finetune_tokens``. Rerunning with the same folder resumes where the last session stopped.
+
+    Args:
+        lr_finetune, lora_alpha, lora_targets: ``None`` takes the spec's recipe (``recipe_for``):
+            1e-4, 16, q/k/v/o for LoLCATs and Hedgehog; 1e-3, 8, q/k/v for Liger.
+        convert_options: keyword arguments of ``convert``. For Liger the feature-map options at
+            their unset values (what the CLI always passes) are dropped.
 
     Returns:
         The run summary (also ``out_dir/summary.json``); ``"finished"`` is False when
         ``max_minutes`` ran out first.
+
+    Raises:
+        ValueError: Liger with no ``finetune_tokens`` (it has nothing else to train).
     """
     from .convert import convert, is_converted
     from .finetune import add_lora, lm_step, lora_parameters
     from .transfer import prepare_transfer, transfer_step
 
+    recipe = recipe_for(spec)
+    lr_finetune = recipe.lr_finetune if lr_finetune is None else lr_finetune
+    lora_alpha = recipe.lora_alpha if lora_alpha is None else lora_alpha
+    lora_targets = list(recipe.lora_targets if lora_targets is None else lora_targets)
+    two_stage = "transfer" in recipe.stages
+    if not two_stage:
+        if finetune_tokens <= 0:
+            raise ValueError(f"{spec} trains only LoRA (no attention transfer): give finetune_tokens > 0")
+        if transfer_tokens:
+            logger.info(
+                "%s has no attention-transfer stage; ignoring transfer_tokens=%d", spec, transfer_tokens
+            )
+        transfer_tokens = 0
+    convert_options = _convert_options(spec, convert_options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -387,39 +463,44 @@ def train_baseline(
         "grad_accum": grad_accum,
         "lr_transfer": lr_transfer,
         "lr_finetune": lr_finetune,
-        "lora": {"r": lora_r, "alpha": lora_alpha},
-        "convert_options": convert_options or {},
+        "lora": {"r": lora_r, "alpha": lora_alpha, "targets": lora_targets},
+        "stages": list(recipe.stages),
+        "convert_options": convert_options,
         "threads": torch.get_num_threads(),
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     if not is_converted(model):
-        convert(model, spec, **(convert_options or {}))
+        convert(model, spec, **convert_options)
     meta = {"data": packed.info, "model_name": model_name}
 
     def remaining() -> float | None:
         return None if max_minutes is None else max(0.0, max_minutes - (time.perf_counter() - t_start) / 60)
 
     summary: dict = {"spec": str(spec), "model": model_name, "data": packed.info, "stages": {}}
-    params = prepare_transfer(model)
-    s1 = StageConfig(
-        "transfer", lr=lr_transfer, tokens=transfer_tokens, grad_accum=grad_accum, eval_every=eval_every,
-        save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
-    )  # fmt: skip
+    finished, resume2 = True, resume
+    if two_stage:
+        params = prepare_transfer(model)
+        s1 = StageConfig(
+            "transfer", lr=lr_transfer, tokens=transfer_tokens, grad_accum=grad_accum, eval_every=eval_every,
+            save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
+        )  # fmt: skip
 
-    def step1(m, x, y, scale=1.0, backward=True):
-        return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
+        def step1(m, x, y, scale=1.0, backward=True):
+            return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
 
-    done1 = out / "transfer" / "done.json"
-    steps_before = json.loads(done1.read_text())["steps"] if resume and done1.exists() else None
-    r1 = run_stage(model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress)
-    summary["stages"]["transfer"] = asdict(r1)
-    finished = r1.finished
-    # Stage 2 was trained on top of the old stage-1 maps; after extending stage 1 it starts over.
-    resume2 = resume and (steps_before is None or steps_before == r1.steps)
+        done1 = out / "transfer" / "done.json"
+        steps_before = json.loads(done1.read_text())["steps"] if resume and done1.exists() else None
+        r1 = run_stage(
+            model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress
+        )
+        summary["stages"]["transfer"] = asdict(r1)
+        finished = r1.finished
+        # Stage 2 was trained on top of the old stage-1 maps; after extending stage 1 it starts over.
+        resume2 = resume and (steps_before is None or steps_before == r1.steps)
     if finished and finetune_tokens > 0:
         for p in model.parameters():
             p.requires_grad_(False)
-        add_lora(model, r=lora_r, alpha=lora_alpha)
+        add_lora(model, r=lora_r, alpha=lora_alpha, targets=lora_targets)
         s2 = StageConfig(
             "finetune", lr=lr_finetune, tokens=finetune_tokens, grad_accum=grad_accum, eval_every=eval_every,
             save_every=save_every, val_batches=val_batches, max_minutes=remaining(),

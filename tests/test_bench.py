@@ -39,7 +39,7 @@ from sinkwindow.spec import parse_spec
 
 # GQA (6 query heads over 2 KV heads), sizes that are not powers of two.
 TINY = SyntheticConfig(layers=2, hidden=48, heads=6, kv_heads=2, vocab=101, max_positions=4096)
-METHODS = ["full", "swa:16:4", "swa:16:0", "evict:16:2", "linear", "lolcats:8"]
+METHODS = ["full", "swa:16:4", "swa:16:0", "evict:16:2", "linear", "lolcats:8", "liger:8"]
 
 
 @pytest.fixture(scope="module")

@@ -445,3 +445,30 @@ def test_train_liger_one_lora_stage_resumes_then_loads(tmp_path, alpaca_file, mo
             tmp_path / "none",
             **{**kwargs, "finetune_tokens": 0},
         )
+
+
+def test_cli_trains_liger_in_one_lora_stage(tmp_path, tiny_folder, alpaca_file, capsys):
+    import sinkwindow
+    from sinkwindow.cli import main
+
+    out = tmp_path / "liger"
+    argv = ["train", "--model", str(tiny_folder), "--method", f"liger:{W}", "--data", str(alpaca_file)]
+    argv += [
+        "--tokens",
+        "64",
+        "--seq-len",
+        "16",
+        "--grad-accum",
+        "1",
+        "--eval-every",
+        "2",
+        "--val-batches",
+        "1",
+    ]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["stages"]) == ["finetune"] and summary["stages"]["finetune"]["tokens"] == 64
+    config = json.loads((out / "config.json").read_text())
+    assert config["lr_finetune"] == 1e-3 and config["lora"]["alpha"] == 8  # Liger's recipe, not LoLCATs'
+    model, _ = sinkwindow.load(str(tiny_folder), method=f"liger:{W}", checkpoint=str(out))
+    assert sinkwindow.linear.get_retrofit(model).variant.kind == "liger"

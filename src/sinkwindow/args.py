@@ -258,11 +258,13 @@ def method(text: str) -> str:
 
 
 def linear_method(text: str) -> str:
-    """A method spec of a trained baseline (``lolcats:W`` or ``linear``)."""
+    """A method spec of a trained baseline (``lolcats:W``, ``liger:W`` or ``linear``)."""
+    from .spec import parse_spec
+
     spec = method(text)
-    if not (spec == "linear" or spec.startswith("lolcats:")):
+    if not parse_spec(spec).is_linear:
         raise argparse.ArgumentTypeError(
-            f"{spec} needs no training: train the linear baselines, lolcats:W (e.g. lolcats:64) or linear"
+            f"{spec} needs no training: train the linear baselines, lolcats:W (e.g. lolcats:64), liger:W or linear"
         )
     return spec
 
@@ -316,7 +318,7 @@ def parse_checkpoint(text: str) -> tuple[str | None, str]:
             ) from None
         if not parsed.is_linear:
             raise argparse.ArgumentTypeError(
-                f"{parsed} takes no checkpoint: only the trained baselines (lolcats:W, linear) do"
+                f"{parsed} takes no checkpoint: only the trained baselines (lolcats:W, liger:W, linear) do"
             )
         spec = str(parsed)
     else:
@@ -472,7 +474,7 @@ def add_method(
         "--method",
         default=default,
         type=kind,
-        help=help or "full | swa:W[:S] | evict:W[:S] | lolcats:W | linear (default: %(default)s)",
+        help=help or "full | swa:W[:S] | evict:W[:S] | lolcats:W | liger:W | linear (default: %(default)s)",
     )
 
 

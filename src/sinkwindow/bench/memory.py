@@ -149,6 +149,8 @@ def analytic_state_bytes(
       query brings the W-th, see ``SinkWindowLayer``).
     - ``linear``: per layer and query head, S (F x D) and z (F), in float32.
     - ``lolcats:W``: the linear state plus a FIFO of the last ``min(n, W)`` keys and values.
+    - ``liger:W``: the gated state S (D x D per key/value head, float32, no normaliser) plus a FIFO of
+      the last ``min(n, W - 1)`` keys and values.
 
     Args:
         spec: the method.
@@ -175,4 +177,7 @@ def analytic_state_bytes(
         return state
     if spec.kind == "lolcats":
         return state + layers * per_token * min(context, spec.window)
+    if spec.kind == "liger":
+        gla = layers * batch * kv_heads * head_dim * head_dim * LINEAR_STATE_BYTES
+        return gla + layers * per_token * min(context, spec.window - 1)
     raise ValueError(f"no memory model for method {spec}")

@@ -243,6 +243,7 @@ RUNNERS: dict[str, type[MethodRunner]] = {
     "evict": WindowRunner,
     "linear": LinearRunner,
     "lolcats": LinearRunner,
+    "liger": LinearRunner,
 }
 
 

@@ -53,6 +53,7 @@ PAPER_REFERENCE = {
         "full attention": {512: 100, 1024: 99.8, 2048: 100, 4096: 99.8},
         "SWA(256,4)": {512: 100, 1024: 68.0, 2048: 50.2, 4096: 19.6},
         "LoLCATs(+SWA)": {512: 100, 1024: 30.6, 2048: 6.0, 4096: 2.2},
+        "Liger-GLA(+SWA)": {512: 97.6, 1024: 1.0, 2048: 3.8, 4096: 0.6},
     },
     "babilong": {
         "full attention": {0: 74, 1024: 70, 2048: 67, 4096: 60},
@@ -87,7 +88,7 @@ def _order_methods(methods) -> list[str]:
         if m == "full":
             return (0, 0, 0, m)
         parts = m.split(":")
-        kind_rank = {"swa": 1, "evict": 2, "lolcats": 3, "linear": 4}.get(parts[0], 5)
+        kind_rank = {"swa": 1, "evict": 2, "lolcats": 3, "liger": 4, "linear": 5}.get(parts[0], 6)
         w = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
         s = -int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0
         return (kind_rank, w, s, m)
@@ -162,20 +163,25 @@ def _comparison_pairs(methods) -> list[tuple[str, str]]:
         ranked = []
         for b, sb in specs.items():
             same_w = sb.window == sa.window and sb.positions == sa.positions
-            if sb.kind == "lolcats" and sb.window == sa.window:
-                ranked.append((0, b))
+            if sb.kind in ("lolcats", "liger") and sb.window == sa.window:
+                ranked.append((0 if sb.kind == "lolcats" else 1, b))
             elif sb.kind == "swa" and same_w and sb.sinks == 0:
-                ranked.append((1, b))
-            elif sb.kind == "evict" and same_w and sb.sinks == sa.sinks:
                 ranked.append((2, b))
-            elif sb.kind == "linear":
+            elif sb.kind == "evict" and same_w and sb.sinks == sa.sinks:
                 ranked.append((3, b))
+            elif sb.kind == "linear":
+                ranked.append((4, b))
         pairs += [(a, b) for _, b in sorted(ranked)]
     return pairs + [(m, "full") for m in methods if m != "full" and "full" in methods]
 
 
 def _swa_lolcats_pairs(methods) -> list[tuple[str, str]]:
-    return [(a, b) for a, b in _comparison_pairs(methods) if b != "full" and parse_spec(b).kind == "lolcats"]
+    """(SWA, retrofit) pairs of the same window: the paper's comparison, LoLCATs(+SWA) and Liger-GLA(+SWA)."""
+    return [
+        (a, b)
+        for a, b in _comparison_pairs(methods)
+        if b != "full" and parse_spec(b).kind in ("lolcats", "liger")
+    ]
 
 
 def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
@@ -473,8 +479,9 @@ def _swa_lolcats_section(s: dict) -> list[str]:
             ]
             lines.append(f"| {TASK_TITLES[fam].split(' (')[0]} | " + " | ".join(cells) + " |")
             paper = PAPER_REFERENCE.get(fam)
-            if paper and parse_spec(b).window == PAPER_WINDOW:
-                swa, lol = paper["SWA(256,4)"], paper["LoLCATs(+SWA)"]
+            retrofit = "LoLCATs(+SWA)" if parse_spec(b).kind == "lolcats" else "Liger-GLA(+SWA)"
+            if paper and retrofit in paper and parse_spec(b).window == PAPER_WINDOW:
+                swa, lol = paper["SWA(256,4)"], paper[retrofit]
                 cells = [f"{swa[L] / lol[L]:.2f}×" if L in swa and lol[L] else "–" for L in lengths]
                 lines.append(
                     f"| {TASK_TITLES[fam].split(' (')[0]}, paper (Llama-3.1-8B) | " + " | ".join(cells) + " |"

@@ -53,8 +53,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     spec = parse_spec(args.method)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from .trainer import recipe_for
+
+    single_stage = recipe_for(str(spec)).stages == ("finetune",)
     if args.paper_budget:
         transfer, finetune = PAPER_TOKENS, PAPER_TOKENS
+    elif single_stage:
+        # Liger has no attention transfer: the whole budget goes to its one LoRA stage.
+        transfer = 0
+        finetune = args.finetune_tokens if args.finetune_tokens is not None else args.tokens
     else:
         # --tokens is the whole budget, split 1:2 like LINEAR.md's CPU defaults (1-2M / 2-5M).
         transfer = args.transfer_tokens if args.transfer_tokens is not None else args.tokens // 3
@@ -107,14 +114,17 @@ def register(subparsers) -> None:
     """Add the ``train`` subcommand."""
     p = subparsers.add_parser(
         "train",
-        help="train a linear-attention baseline (lolcats:W, linear): attention transfer, then LoRA",
+        help="train a linear-attention baseline (lolcats:W, linear: attention transfer, then LoRA; liger:W: LoRA only)",
         description="Convert a model to a linear-attention baseline and train it: stage 1 attention transfer "
         "(feature maps + window factors, MSE to the softmax outputs), stage 2 LoRA on q/k/v/o (next-token loss). "
         "Resumable: rerun the same command to continue.",
     )
     cli_args.add_model(p)
     cli_args.add_method(
-        p, "lolcats:64", kind=cli_args.linear_method, help="lolcats:W or linear (default: %(default)s)"
+        p,
+        "lolcats:64",
+        kind=cli_args.linear_method,
+        help="lolcats:W, liger:W or linear (default: %(default)s)",
     )
     p.add_argument(
         "--tokens",
@@ -161,11 +171,16 @@ def register(subparsers) -> None:
     p.add_argument(
         "--lr-finetune",
         type=cli_args.real(0, what="--lr-finetune"),
-        default=1e-4,
-        help="stage-2 learning rate (default: %(default)s)",
+        default=None,
+        help="LoRA-stage learning rate (default: the method's recipe, 1e-4 for lolcats/linear, 1e-3 for liger)",
     )
     p.add_argument("--lora-r", type=cli_args.integer(1, what="--lora-r"), default=8)
-    p.add_argument("--lora-alpha", type=cli_args.real(0, what="--lora-alpha"), default=16)
+    p.add_argument(
+        "--lora-alpha",
+        type=cli_args.real(0, what="--lora-alpha"),
+        default=None,
+        help="LoRA alpha (default: the method's recipe, 16 for lolcats/linear, 8 for liger)",
+    )
     p.add_argument(
         "--eval-every",
         type=cli_args.integer(1, what="--eval-every"),

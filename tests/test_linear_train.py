@@ -331,25 +331,19 @@ def test_parse_tokens(text, n):
     assert parse_tokens(text) == n
 
 
+def _train_argv(folder, data, method: str, tokens: int, out) -> list[str]:
+    """``sinkwindow train`` on the tiny folder: 16-token chunks, a validation every 2 steps."""
+    return ["train", "--model", str(folder), "--method", method, "--data", str(data), "--tokens", str(tokens),
+            "--seq-len", "16", "--grad-accum", "1", "--eval-every", "2", "--val-batches", "1",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+
+
 def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file, capsys):
     import sinkwindow
     from sinkwindow.cli import main
 
     out = tmp_path / "run"
-    argv = ["train", "--model", str(tiny_folder), "--method", f"lolcats:{W}", "--data", str(alpaca_file)]
-    argv += [
-        "--tokens",
-        "96",
-        "--seq-len",
-        "16",
-        "--grad-accum",
-        "1",
-        "--eval-every",
-        "2",
-        "--val-batches",
-        "1",
-    ]
-    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    assert main(_train_argv(tiny_folder, alpaca_file, f"lolcats:{W}", 96, out)) == 0
     # Without bars, every validation still reports a line (a long run is never silent).
     err = capsys.readouterr().err
     assert "transfer step 2/2 (32 tokens): val" in err and "finetune step 4/4 (64 tokens): val" in err
@@ -452,20 +446,7 @@ def test_cli_trains_liger_in_one_lora_stage(tmp_path, tiny_folder, alpaca_file, 
     from sinkwindow.cli import main
 
     out = tmp_path / "liger"
-    argv = ["train", "--model", str(tiny_folder), "--method", f"liger:{W}", "--data", str(alpaca_file)]
-    argv += [
-        "--tokens",
-        "64",
-        "--seq-len",
-        "16",
-        "--grad-accum",
-        "1",
-        "--eval-every",
-        "2",
-        "--val-batches",
-        "1",
-    ]
-    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    assert main(_train_argv(tiny_folder, alpaca_file, f"liger:{W}", 64, out)) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["stages"]) == ["finetune"] and summary["stages"]["finetune"]["tokens"] == 64
     config = json.loads((out / "config.json").read_text())

@@ -205,3 +205,29 @@ def tiny_folder(tmp_path):
         folder
     )
     return folder
+
+
+def eval_pair():
+    """A tiny Llama and a byte-level BPE tokenizer: enough for the evaluation tasks' real prompts."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from test_niah import make_byte_bpe
+
+    tok = make_byte_bpe()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    return LlamaForCausalLM(cfg).eval(), tok
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """``eval_pair()`` once per test module."""
+    return eval_pair()

@@ -7,33 +7,12 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 from sinkwindow.eval.report import summarize, write_report
 from sinkwindow.eval.results import ResultsStore
 from sinkwindow.eval.runner import EvalConfig, plan_size, run_eval
 
 pytest.importorskip("sinkwindow.eval.haystack")
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from test_niah import make_byte_bpe
-
-    tok = make_byte_bpe()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    return LlamaForCausalLM(cfg).eval(), tok
 
 
 def _config(**kw):
@@ -253,7 +232,9 @@ def test_cli_babilong_facts_flags(tiny_pair, tmp_path, capsys):
 
 def _predictions(store) -> dict:
     keep = ("prediction", "score", "n_prompt_tokens", "fingerprint")
-    return {(r["method"], r["task"], r["length"], r["index"]): {k: r.get(k) for k in keep} for r in store.rows()}
+    return {
+        (r["method"], r["task"], r["length"], r["index"]): {k: r.get(k) for k in keep} for r in store.rows()
+    }
 
 
 def test_batched_samples_equal_one_at_a_time(tiny_pair, tmp_path):
@@ -264,7 +245,9 @@ def test_batched_samples_equal_one_at_a_time(tiny_pair, tmp_path):
         samples=3,
         niah_max_new_tokens=6,
     )
-    one = run_eval(_config(**kw, batch_size=1), tmp_path / "one", model_and_tokenizer=tiny_pair, progress=False)
+    one = run_eval(
+        _config(**kw, batch_size=1), tmp_path / "one", model_and_tokenizer=tiny_pair, progress=False
+    )
     batched = run_eval(
         _config(**kw, batch_size=3), tmp_path / "three", model_and_tokenizer=tiny_pair, progress=False
     )

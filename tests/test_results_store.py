@@ -41,26 +41,6 @@ def _own_hash_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny_pair():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from test_niah import make_byte_bpe
-
-    tok = make_byte_bpe()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    return LlamaForCausalLM(cfg).eval(), tok
-
-
-@pytest.fixture(scope="module")
 def checkpoints(tiny_pair, tmp_path_factory):
     """Two LoLCATs checkpoints of the tiny model that differ only in their random init."""
     from sinkwindow.linear import convert, save_checkpoint

@@ -1,11 +1,15 @@
 """Run the long-context evaluation for one model and several methods into a results store.
 
-One model is loaded once. For every method it is patched (``apply``), converted (the trained
-linear baselines) or left as it is (``full``). Samples are generated once per (task, length) from
-the tokenizer and the seed, so every method sees the same prompts. Each finished sample is
-appended to ``results.jsonl`` before the next one starts. A re-run with the same settings skips what
-is already there; one with settings that change results (``eval/fingerprint.py``) is refused unless
-``new_run=True``. The run holds the folder's lock (``results.RunLock``) from start to end.
+The run is a list of cells (:func:`plan`): one method × task × length × a batch of sample
+indices each. A scheduler (``eval/scheduler.py``) runs :func:`run_cell` on every cell: one after
+another in this process (the default), in local worker processes (``workers``) or as Ray tasks
+(``ray``). Each model copy is loaded once and, for every method, patched (``apply``), converted
+(the trained linear baselines) or left as it is (``full``). Samples are generated from the
+tokenizer and the seed, so every method, and every worker, sees the same prompts. Only this
+process writes the results: each finished cell's rows are appended to ``results.jsonl`` as the
+cell finishes. A re-run with the same settings skips what is already there; one with settings
+that change results (``eval/fingerprint.py``) is refused unless ``new_run=True``. The run holds the
+folder's lock (``results.RunLock``) from start to end, whichever scheduler runs the cells.
 
 Tasks:
     ``ppl``                             perplexity of essay windows at each length (chunked stream)
@@ -15,6 +19,7 @@ Tasks:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,14 +31,25 @@ from ..linear.adapters import shipped_adapter
 from ..models import load
 from ..patch import make_cache
 from ..prefill import prefill
-from ..spec import MethodSpec, parse_spec
+from ..spec import parse_spec
 from ..switch import use_method
 from .fingerprint import row_fingerprint, run_settings
-from .results import ResultsStore, RunLock, check_resume, check_run_dir
+from .results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
+from .scheduler import (
+    Cell,
+    CellJob,
+    CellsFailedError,
+    Scheduler,
+    SerialScheduler,
+    _PickledModel,
+    make_scheduler,
+)
 
 __all__ = [
     "EvalConfig",
     "run_eval",
+    "run_cell",
+    "plan",
     "planned_keys",
     "ALL_TASKS",
     "NIAH_TASKS",
@@ -83,6 +99,11 @@ class EvalConfig:
         batch_size: samples of one (task, length, method) decoded as one left-padded batch;
             ``None``: ``DEFAULT_BATCH`` for the device (linear baselines and perplexity always run
             one at a time). Not part of the run's fingerprint: it must not change results.
+        workers: run the cells in local worker processes, each with its own model copy: a count,
+            or ``"auto"`` (one per core, at most one per cell); ``None``: in this process.
+        ray: run the cells as Ray tasks: ``True`` for a local Ray instance, or a cluster address.
+            Neither ``workers`` nor ``ray`` is part of the fingerprint: where a cell runs must
+            not change its rows.
     """
 
     model: str = "smollm2-135m"
@@ -105,6 +126,8 @@ class EvalConfig:
     dtype: str | None = None
     device: str | None = None
     batch_size: int | None = None
+    workers: int | str | None = None
+    ray: str | bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -118,6 +141,18 @@ class EvalConfig:
                 ) from None
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if self.workers not in (None, "auto") and (
+            not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1
+        ):
+            raise ValueError(f"workers must be a positive integer or 'auto', got {self.workers!r}")
+        if self.ray is not None and not isinstance(self.ray, (bool, str)):
+            raise ValueError(f"ray must be True (a local Ray instance) or an address, got {self.ray!r}")
+        if isinstance(self.ray, str) and not self.ray.strip():
+            raise ValueError("ray: give a Ray address (ray://host:10001, auto), or True for a local instance")
+        if self.ray not in (None, False) and self.workers is not None:
+            raise ValueError(
+                "choose one of --workers N (local processes) and --ray [ADDRESS] (a Ray cluster)"
+            )
         self.methods = [str(parse_spec(m)) for m in self.methods]
         if self.babilong_facts not in ("real", "generated"):
             raise ValueError(f"babilong_facts must be 'real' or 'generated', got {self.babilong_facts!r}")
@@ -237,25 +272,6 @@ def _eos_ids(tokenizer, model) -> list[int]:
     return sorted(ids)
 
 
-class _MethodSwitch:
-    """Puts one loaded model into each method in turn (patch, convert, or restore)."""
-
-    def __init__(self, model, config: EvalConfig):
-        self.model = model
-        self.config = config
-        self.current: MethodSpec | None = None
-
-    def use(self, method: str):
-        self.model = use_method(
-            self.model,
-            method,
-            checkpoint=self.config.checkpoints.get(method),
-            native_sliding=self.config.native_sliding,
-        )
-        self.current = parse_spec(method)
-        return self.model
-
-
 def _build_samples(task: str, tokenizer, length: int, config: EvalConfig):
     if task in NIAH_TASKS:
         from .niah import generate_niah
@@ -325,6 +341,140 @@ def planned_keys(config: EvalConfig) -> list[tuple]:
     return keys
 
 
+def default_batch_size(config: EvalConfig, model=None) -> int:
+    """``config.batch_size``, else ``DEFAULT_BATCH`` for the device of ``model`` (or of the config)."""
+    if config.batch_size:
+        return config.batch_size
+    kind = (
+        next(model.parameters()).device.type if model is not None else torch.device(_load_device(config)).type
+    )
+    return DEFAULT_BATCH.get(kind, 1)
+
+
+def plan(
+    config: EvalConfig,
+    *,
+    settings: dict | None = None,
+    done: ResultsStore | None = None,
+    batch_size: int | None = None,
+) -> list[Cell]:
+    """The cells of ``config``, in run order (method, task, length, then sample index).
+
+    Each cell holds the samples decoded as one batch: up to ``batch_size`` of them (default:
+    :func:`default_batch_size`), one for perplexity windows and the linear baselines (their
+    kernels take no padding mask).
+
+    Args:
+        settings: the run's settings (``fingerprint.run_settings``), to give each cell its rows'
+            fingerprint; ``None`` leaves it unset (a dry run).
+        done: a results store; samples it already holds (same key and fingerprint) are left out.
+    """
+    batch_size = batch_size or default_batch_size(config)
+    cells = []
+    for method in config.methods:
+        # Linear baselines decode one sample at a time: their kernels take no padding mask.
+        linear = parse_spec(method).is_linear
+        for task in config.tasks:
+            fp = row_fingerprint(settings, task, method) if settings is not None else None
+            n = config.ppl_windows if task == "ppl" else config.samples
+            bs = 1 if task == "ppl" or linear else batch_size
+            for length in _task_lengths(task, config):
+                todo = list(range(n))
+                if done is not None:
+                    base = {"model": config.model, "task": task, "method": method, "length": length}
+                    todo = [
+                        i
+                        for i in todo
+                        if not done.has({**base, "seed": config.seed, "index": i, "fingerprint": fp})
+                    ]
+                for start in range(0, len(todo), bs):
+                    cells.append(
+                        Cell(
+                            config.model,
+                            method,
+                            task,
+                            length,
+                            config.seed,
+                            tuple(todo[start : start + bs]),
+                            fp,
+                        )
+                    )
+    return cells
+
+
+def run_cell(
+    config: EvalConfig, cell: Cell, model_and_tokenizer: tuple, state: dict | None = None
+) -> list[dict]:
+    """The rows of one cell: its samples run on ``model_and_tokenizer`` under the cell's method.
+
+    Every scheduler runs this (in this process, in a local worker, in a Ray task); it only reads
+    the config and writes nothing.
+
+    Args:
+        state: caches kept across the cells that one model copy runs (the method it is in, the
+            samples of each (task, length), the EOS ids); ``None``: a fresh one, so the model is
+            switched and the samples built for this cell alone.
+
+    Returns:
+        One row per index of ``cell``, in its order, with the key fields, ``fingerprint`` and
+        ``seconds`` (the cell's time divided among its samples).
+    """
+    model, tokenizer = model_and_tokenizer
+    state = {} if state is None else state
+    try:
+        if state.get("method") != cell.method:
+            state["method"] = None  # unknown until the switch is done (an error leaves it so)
+            model = use_method(
+                model,
+                cell.method,
+                checkpoint=config.checkpoints.get(cell.method),
+                native_sliding=config.native_sliding,
+            )
+            state["method"] = cell.method
+        if "eos" not in state:
+            state["eos"] = _eos_ids(tokenizer, model)
+        t0 = time.perf_counter()
+        if cell.task == "ppl":
+            ppl_cache = state.setdefault("ppl", {})
+            rows = [_run_ppl(model, tokenizer, cell.length, i, config, ppl_cache) for i in cell.indices]
+        else:
+            samples_cache = state.setdefault("samples", {})
+            key = (cell.task, cell.length)
+            if key not in samples_cache:
+                samples_cache[key] = _build_samples(cell.task, tokenizer, cell.length, config)
+            samples = [samples_cache[key][i] for i in cell.indices]
+            rows = _run_samples(model, tokenizer, cell.task, samples, config, state["eos"])
+    except BaseException:
+        state["method"] = None  # a failed switch or forward may leave the model half-patched
+        raise
+    seconds = round((time.perf_counter() - t0) / len(cell.indices), 3)
+    base = {
+        "model": cell.model,
+        "task": cell.task,
+        "method": cell.method,
+        "length": cell.length,
+        "seed": cell.seed,
+        "fingerprint": cell.fingerprint,
+    }
+    for i, row in zip(cell.indices, rows):
+        row.update(base, index=i, seconds=seconds)
+    return rows
+
+
+def _restore_full(model_and_tokenizer: tuple, state: dict) -> None:
+    """Leave a model the caller gave us in full attention again (``CellJob.close``)."""
+    if "method" in state and state["method"] != "full":
+        use_method(model_and_tokenizer[0], "full")
+        state["method"] = "full"
+
+
+def _loader(config: EvalConfig):
+    """``() -> (model, tokenizer)`` loading ``config.model`` as the serial path does; picklable."""
+    return functools.partial(
+        load, config.model, device=_load_device(config), dtype=getattr(torch, config.dtype or "float32")
+    )
+
+
 def run_eval(
     config: EvalConfig,
     out_dir: str,
@@ -333,6 +483,8 @@ def run_eval(
     on_row: Callable[[dict], None] | None = None,
     *,
     new_run: bool = False,
+    scheduler: Scheduler | None = None,
+    model_factory: Callable[[], tuple] | None = None,
 ) -> ResultsStore:
     """Run (or resume) every (method, task, length, sample) of ``config`` into ``out_dir``.
 
@@ -341,9 +493,17 @@ def run_eval(
     same settings redoes nothing that is done, also when it asks for fewer (or more) tasks,
     lengths or samples. The settings are checked before the model loads.
 
+    Where the cells run follows ``config.workers`` / ``config.ray`` (or ``scheduler``); the rows
+    are the same wherever they run, and only this process writes them, as each cell finishes.
+
     Args:
+        model_and_tokenizer: the model to run on. Local or Ray workers each get a pickled copy
+            of it (fine for small models; give ``model_factory`` for large ones).
         new_run: start over in place: the folder's old results, config and reports move to
             ``previous-<UTC time>/``.
+        scheduler: overrides ``config.workers`` / ``config.ray`` (``eval/scheduler.py``).
+        model_factory: a picklable ``() -> (model, tokenizer)`` that workers call once each;
+            default: load ``config.model`` on ``config.device`` in ``config.dtype``.
 
     Returns:
         The results store, its :attr:`~ResultsStore.selection` set to the cells ``config`` asked
@@ -353,16 +513,27 @@ def run_eval(
     Raises:
         RunMismatchError: the folder's results were made with other settings (names them).
         RunLockedError: another run is writing the folder.
+        CellsFailedError: cells that failed after their retries (local or Ray workers); every
+            other cell's rows are in the store.
+        MissingExtraError: ``ray`` asked for and Ray not installed.
     """
     check_run_dir(out_dir)
     given = model_and_tokenizer[0] if model_and_tokenizer is not None else None
     settings = run_settings(config, given)
     if not new_run:
         check_resume(out_dir, settings)  # refuse before spending the model load
-    if model_and_tokenizer is None:
-        model_and_tokenizer = load(
-            config.model, device=_load_device(config), dtype=getattr(torch, config.dtype or "float32")
-        )
+    if scheduler is None:
+        scheduler = make_scheduler(config.workers, config.ray)
+    load_fn = model_factory or _loader(config)
+    if isinstance(scheduler, SerialScheduler):
+        if scheduler.model_and_tokenizer is None:
+            scheduler = SerialScheduler(model_and_tokenizer or load_fn())
+        batch_model = scheduler.model_and_tokenizer[0]
+    else:
+        if model_factory is None and model_and_tokenizer is not None:
+            load_fn = _PickledModel(model_and_tokenizer)
+        batch_model = given
+    job = CellJob(config, load=load_fn, cell_fn=run_cell, close=_restore_full)
     with RunLock(out_dir):
         store = ResultsStore(
             out_dir,
@@ -371,74 +542,55 @@ def run_eval(
             new_run=new_run,
         )
         store.select(planned_keys(config))
-        _run_cells(config, store, settings, model_and_tokenizer, progress, on_row)
+        cells = plan(
+            config, settings=settings, done=store, batch_size=default_batch_size(config, batch_model)
+        )
+        _run_cells(config, store, cells, scheduler, job, progress, on_row)
     return store
 
 
 def _run_cells(
-    config: EvalConfig, store: ResultsStore, settings: dict, model_and_tokenizer, progress, on_row
-):
-    model, tokenizer = model_and_tokenizer
-    batch_size = config.batch_size or DEFAULT_BATCH.get(next(model.parameters()).device.type, 1)
-    switch = _MethodSwitch(model, config)
-    eos = _eos_ids(tokenizer, model)
-    samples_cache: dict[tuple[str, int], list] = {}
-    ppl_cache: dict[int, list[torch.Tensor]] = {}
-
+    config: EvalConfig,
+    store: ResultsStore,
+    cells: list[Cell],
+    scheduler: Scheduler,
+    job: CellJob,
+    progress: bool,
+    on_row: Callable[[dict], None] | None,
+) -> None:
+    """Run ``cells`` on ``scheduler``; append each finished cell's rows to ``store`` here, the driver."""
+    total = plan_size(config)
+    todo = sum(len(c.indices) for c in cells)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=plan_size(config), desc="evaluating", unit="sample")
+        bar = tqdm(total=total, initial=total - todo, desc="evaluating", unit="sample")
+    finished = 0
+
+    def on_result(cell: Cell, rows: list[dict]) -> None:
+        nonlocal finished
+        wanted = set(cell.keys)
+        for row in rows:
+            # Only the cell's own samples, and each once: a retried cell whose first try got
+            # through after all must not write its rows twice.
+            if row_key(row) not in wanted or store.has(row):
+                continue
+            store.append(row)
+            if on_row is not None:
+                on_row(row)
+        finished += 1
+        if bar is not None:
+            bar.update(len(cell.indices))
+            bar.set_postfix_str(f"cells {finished}/{len(cells)}; {cell.label()}")
+
     try:
-        for method in config.methods:
-            model = None
-            for task in config.tasks:
-                for length in _task_lengths(task, config):
-                    n = config.ppl_windows if task == "ppl" else config.samples
-                    base = {
-                        "model": config.model,
-                        "task": task,
-                        "method": method,
-                        "length": length,
-                        "seed": config.seed,
-                        "fingerprint": row_fingerprint(settings, task, method),
-                    }
-                    todo = [i for i in range(n) if not store.has({**base, "index": i})]
-                    if bar is not None:
-                        bar.update(n - len(todo))
-                    if not todo:
-                        continue
-                    if model is None:
-                        model = switch.use(method)
-                    if bar is not None:
-                        bar.set_postfix_str(f"{method} {task} {length}")
-                    # Linear baselines decode one sample at a time: their kernels take no padding mask.
-                    bs = 1 if task == "ppl" or parse_spec(method).is_linear else batch_size
-                    for start in range(0, len(todo), bs):
-                        batch = todo[start : start + bs]
-                        t0 = time.perf_counter()
-                        if task == "ppl":
-                            rows = [_run_ppl(model, tokenizer, length, batch[0], config, ppl_cache)]
-                        else:
-                            key = (task, length)
-                            if key not in samples_cache:
-                                samples_cache[key] = _build_samples(task, tokenizer, length, config)
-                            samples = [samples_cache[key][i] for i in batch]
-                            rows = _run_samples(model, tokenizer, task, samples, config, eos)
-                        seconds = round((time.perf_counter() - t0) / len(batch), 3)
-                        for i, row in zip(batch, rows):
-                            row.update(base, index=i, seconds=seconds)
-                            store.append(row)
-                            if on_row is not None:
-                                on_row(row)
-                        if bar is not None:
-                            bar.update(len(batch))
+        failures = scheduler.run(job, cells, on_result)
     finally:
         if bar is not None:
             bar.close()
-        if switch.current is not None and not switch.current.is_full:
-            switch.use("full")
+    if failures:
+        raise CellsFailedError(failures)
 
 
 def _run_ppl(model, tokenizer, length: int, index: int, config: EvalConfig, cache: dict) -> dict:

@@ -49,6 +49,9 @@ BAD_INPUTS = [
     (["compare", "--quick", "--samples", "-1"], "--samples: must be >= 1, got -1"),
     (["compare", "--samples", "0"], "must be >= 1, got 0"),
     (["compare", "--samples", "two"], "must be an integer"),
+    (["compare", "--workers", "0"], "--workers: must be >= 1, got 0"),
+    (["compare", "--workers", "2", "--ray"], "not allowed with argument --workers"),
+    (["eval", "niah", "--workers", "-3", "--out", "{tmp}/x"], "must be >= 1"),
     (["compare", "--methods", ""], "give at least one method spec"),
     (["compare", "--methods", "full,,swa:64:4"], "single commas"),
     (["compare", "--methods", "full", "--method", "full"], "full is given twice"),
@@ -458,3 +461,22 @@ def test_args_module_imports_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_dry_run_prices_the_sweep_and_loads_nothing(tmp_path, capsys, monkeypatch):
+    import json
+
+    import sinkwindow
+    from sinkwindow.cli import main
+
+    def refuse(*a, **k):
+        raise AssertionError("a dry run must not load a model")
+
+    monkeypatch.setattr(sinkwindow.models, "load", refuse)
+    out = tmp_path / "never"
+    assert main(["compare", "--quick", "--dry-run", "--out", str(out)]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["dry_run"] and last["cells"] > 0 and last["prompt_tokens"] > 0
+    assert not out.exists()
+    assert main(["compare", "--paper"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["models"] == 11

@@ -127,6 +127,67 @@ def _add_common(
     )
     cli_args.add_no_progress(p)
     cli_args.add_new_run(p)
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument(
+        "--workers",
+        nargs="?",
+        const="auto",
+        default=None,
+        type=_workers,
+        metavar="N",
+        help="run cells in N local worker processes, one model copy and one torch thread each "
+        "(no N: one per core); results are the same as a serial run",
+    )
+    sched.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="ADDRESS",
+        help="run cells as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray instance); "
+        "needs pip install 'sinkwindow[ray]'",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the cells, estimated tokens and GPU-hours of this sweep, and run nothing",
+    )
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    return cli_args.integer(1, what="--workers")(text)
+
+
+def _dry_run(cfgs: list) -> int:
+    from .sweep import format_sweep_plan, sweep_plan
+
+    plan = sweep_plan(cfgs)
+    print(format_sweep_plan(plan))
+    print(json.dumps({"dry_run": True, **plan["total"]}))
+    return 0
+
+
+def _run_scheduled(cfg, out, args, model_and_tokenizer=None):
+    """``run_eval`` with the scheduler the flags ask for; failed cells exit 1 after the rest is stored."""
+    from .runner import plan, run_eval
+    from .scheduler import CellsFailedError, make_scheduler
+
+    if cfg.workers is not None or cfg.ray is not None:
+        print(make_scheduler(cfg.workers, cfg.ray).describe(len(plan(cfg))), file=sys.stderr)
+        model_and_tokenizer = None  # each worker loads its own copy; none is shipped from here
+    try:
+        return run_eval(
+            cfg,
+            out,
+            model_and_tokenizer=model_and_tokenizer,
+            progress=not args.no_progress,
+            new_run=args.new_run,
+        )
+    except CellsFailedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
@@ -150,7 +211,7 @@ def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .report import write_report
-    from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig, run_eval
+    from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig
 
     tasks = (
         args.tasks
@@ -177,8 +238,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         device=args.device and cli_args.resolve_device(args.device),
         dtype=args.dtype,
         batch_size=args.batch_size,
+        workers=args.workers,
+        ray=args.ray,
     )
-    store = run_eval(cfg, args.out, progress=not args.no_progress, new_run=args.new_run)
+    if args.dry_run:
+        return _dry_run([cfg])
+    store = _run_scheduled(cfg, args.out, args)
     path = write_report(args.out, store=store)
     results = Path(args.out) / "results.jsonl"
     print(f"{len(store)} results in {results}; report: {path}")
@@ -212,7 +277,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     from ..models import load
     from .report import write_report
-    from .runner import EvalConfig, plan_size, run_eval
+    from .runner import EvalConfig, plan_size
 
     size = "full" if args.full else "quick"
     methods = args.methods
@@ -236,8 +301,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         device=args.device and cli_args.resolve_device(args.device),
         dtype=args.dtype,
         batch_size=args.batch_size,
+        workers=args.workers,
+        ray=args.ray,
         **sizes,
     )
+    if args.paper:
+        from .sweep import PAPER_MODELS
+
+        return _dry_run(list(PAPER_MODELS))
+    if args.dry_run:
+        return _dry_run([cfg])
     out = Path(args.out)
     print(
         f"sinkwindow compare ({size}): model {cfg.model}; methods {', '.join(cfg.methods)}\n"
@@ -247,10 +320,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         f"  {plan_size(cfg)} samples in all; results -> {out / 'results.jsonl'} (re-run to resume)",
         file=sys.stderr,
     )
-    model_tok = load(cfg.model, device=cfg.device or "cpu", dtype=getattr(torch, cfg.dtype or "float32"))
-    store = run_eval(
-        cfg, out, model_and_tokenizer=model_tok, progress=not args.no_progress, new_run=args.new_run
-    )
+    scheduled = cfg.workers is not None or cfg.ray is not None
+    model_tok = None
+    if not scheduled or args.short_data:
+        model_tok = load(cfg.model, device=cfg.device or "cpu", dtype=getattr(torch, cfg.dtype or "float32"))
+    store = _run_scheduled(cfg, out, args, model_tok)
     extra = []
     if args.short_data:
         extra = _short_tasks(args, cfg, model_tok, out)
@@ -403,6 +477,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=cli_args.integer(1, what="--short-limit"),
         default=100,
         help="items per short task (default: %(default)s)",
+    )
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="with --dry-run semantics: price the paper's grid (11 models, full/SWA/LoLCATs/Liger, "
+        "S-NIAH 0.5-4K, BABILong 0-4K) and run nothing",
     )
     _add_babilong_facts(p)
     cli_args.add_out(p, "runs/compare", help="run folder (resumes if it exists)")

@@ -106,7 +106,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_models(args: argparse.Namespace) -> int:
     from .models import DEFAULT_MODEL, list_models
-    from .patch import SUPPORTED_MODEL_TYPES
+    from .patch import TESTED_MODEL_TYPES
 
     rows = list_models()
     if not args.json:
@@ -119,10 +119,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
                 print(f"  {'':<14} install: {r['install']}")
         print(
             "\nAlso: any hub id (downloaded when online; HF_HUB_OFFLINE=1 forbids it), local folder or .gguf path "
-            "of the families:"
+            "of a decoder-only model whose attention and masks go through transformers' AttentionInterface and "
+            "create_causal_mask (any other is refused with the reason; `sinkwindow check --model M` verifies "
+            "one). The test suite runs every runtime contract on:"
         )
-        print("  " + ", ".join(SUPPORTED_MODEL_TYPES))
-    print(json.dumps({"models": rows, "default": DEFAULT_MODEL, "families": list(SUPPORTED_MODEL_TYPES)}))
+        print("  " + ", ".join(TESTED_MODEL_TYPES))
+    print(json.dumps({"models": rows, "default": DEFAULT_MODEL, "tested_families": list(TESTED_MODEL_TYPES)}))
     return 0
 
 

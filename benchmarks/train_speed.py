@@ -12,8 +12,9 @@ Stage 1 is timed three ways on the same random 1,024-token chunks, in one run:
 
 The teacher forward (the frozen model, once per chunk) is timed on its own too, since it bounds what
 any student-side speed-up can reach. Stage 2 runs ``lm_step`` (forward and backward to the LoRA
-weights). The first step of each path is a warm-up and is not counted. Prints a table and ends with
-one JSON line.
+weights). The paths are interleaved chunk by chunk (every path runs chunk i before any runs chunk
+i + 1), so load drifting on a shared machine hits them alike; the first round is a warm-up and is not
+counted. Prints a table and ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -61,15 +62,20 @@ def batched_step(model, ids) -> float:
     return float(loss)
 
 
-def timed(fn, chunks, tokens: int) -> dict:
-    times = []
+def interleaved(paths: dict, chunks, tokens: int) -> dict:
+    """Median seconds per chunk of every path, the paths taking turns on each chunk."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
     for i, x in enumerate(chunks):
-        t = time.perf_counter()
-        fn(x)
-        if i:  # the first call warms up allocators and kernels
-            times.append(time.perf_counter() - t)
-    med = statistics.median(times)
-    return {"s_per_chunk": round(med, 3), "tokens_per_s": round(tokens / med, 1), "n": len(times)}
+        for name, fn in paths.items():
+            t = time.perf_counter()
+            fn(x)
+            if i:  # the first round warms up allocators and kernels
+                times[name].append(time.perf_counter() - t)
+    out = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        out[name] = {"s_per_chunk": round(med, 3), "tokens_per_s": round(tokens / med, 1), "n": len(ts)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,21 +105,22 @@ def main(argv: list[str] | None = None) -> int:
         for q in params:
             q.grad = None
 
-    rows = {}
-    with torch.no_grad():
-        rows["teacher"] = timed(lambda x: collect_records(model, x), chunks, args.seq_len)
-    rows["fast"] = timed(lambda x: (transfer_step(model, x), zero()), chunks, args.seq_len)
+    def teacher(x):
+        with torch.no_grad():
+            collect_records(model, x)
+
+    paths = {"teacher": teacher, "fast": lambda x: (transfer_step(model, x), zero())}
     if "batched" not in args.skip and get_retrofit(model).variant.kind == "lolcats":
-        rows["batched"] = timed(lambda x: (batched_step(model, x), zero()), chunks, args.seq_len)
+        paths["batched"] = lambda x: (batched_step(model, x), zero())
     if "reference" not in args.skip:
-        rows["reference"] = timed(
-            lambda x: (reference_transfer_loss(model, x).backward(), zero()), chunks, args.seq_len
-        )
+        paths["reference"] = lambda x: (reference_transfer_loss(model, x).backward(), zero())
+    rows = interleaved(paths, chunks, args.seq_len)
     if "finetune" not in args.skip:
+        # Stage 2 changes the model (LoRA), so it runs after the stage-1 paths.
         for q in model.parameters():
             q.requires_grad_(False)
         add_lora(model, r=8, alpha=16)
-        rows["finetune"] = timed(lambda x: lm_step(model, x, x.clone()), chunks, args.seq_len)
+        rows.update(interleaved({"finetune": lambda x: lm_step(model, x, x.clone())}, chunks, args.seq_len))
 
     print(
         f"{args.model} {args.method}, {args.seq_len} tokens per chunk, {args.threads} thread(s), median of {args.steps}"

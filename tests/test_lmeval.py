@@ -1,10 +1,16 @@
-"""Short-context tasks through lm-eval: offline task configs, the ``sinkwindow`` model, the runner,
-the CLIs and the recovery table. Fixtures are tiny JSONL files in the hub schemas, written here."""
+"""Short-context tasks through lm-eval (the ``sinkwindow.eval.lmeval`` package): offline task
+configs, the ``sinkwindow`` model and its registration, the runner and its run folders
+(fingerprint, resume, ``--new-run``, lock, damaged lines), the CLIs and the recovery table.
+Fixtures are tiny JSONL files in the hub schemas, written here."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +20,10 @@ pytest.importorskip("lm_eval", reason="lm-eval not installed: pip install 'sinkw
 
 from conftest import smollm2_available  # noqa: E402
 from sinkwindow.eval import lmeval  # noqa: E402
-from sinkwindow.eval.lmeval_tasks import utils as local_utils  # noqa: E402
+from sinkwindow.eval.lmeval import cli as lm_cli  # noqa: E402
+from sinkwindow.eval.lmeval import constants, runner  # noqa: E402
+from sinkwindow.eval.lmeval.tasks import utils as local_utils  # noqa: E402
+from sinkwindow.eval.results import RunLock, RunLockedError, RunMismatchError  # noqa: E402
 
 
 def mmlu_subjects() -> dict[str, str]:
@@ -25,6 +34,16 @@ def mmlu_subjects() -> dict[str, str]:
         tag = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("tag: "))
         out[path.stem.removeprefix("mmlu_local_")] = tag.removeprefix("mmlu_local_").removesuffix("_tasks")
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _offline_module(tmp_path_factory):
+    """Offline, with the sha256 index in a temporary cache, also for the module-scoped runs below."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("SINKWINDOW_CACHE", str(tmp_path_factory.getbasetemp() / "sinkwindow-cache"))
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -180,7 +199,7 @@ def _docs(task):
 
 
 def test_local_tasks_load_offline_in_stock_format(fixtures):
-    tm = lmeval._task_manager(fixtures)
+    tm = runner._task_manager(fixtures)
     loaded = tm.load(
         ["arc_easy_local", "arc_challenge_local", "piqa_local", "winogrande_local", "hellaswag_local"]
     )
@@ -213,7 +232,7 @@ def test_local_tasks_load_offline_in_stock_format(fixtures):
 
 
 def test_mmlu_local_is_5shot_from_dev_and_grouped(fixtures):
-    tm = lmeval._task_manager(fixtures)
+    tm = runner._task_manager(fixtures)
     loaded = tm.load(["mmlu_local"])
     names = set(loaded["tasks"])
     assert {"mmlu_local_abstract_algebra", "mmlu_local_world_religions"} <= names
@@ -293,7 +312,7 @@ def test_resolve_task_names():
     assert lmeval.resolve_task("mmlu", local=True) == "mmlu_local"
     assert lmeval.resolve_task("mmlu_anatomy", local=True) == "mmlu_local_anatomy"
     assert lmeval.resolve_task("hellaswag", local=False) == "hellaswag"
-    assert lmeval._canonical("mmlu_local_anatomy") == "mmlu_anatomy"
+    assert constants.canonical("mmlu_local_anatomy") == "mmlu_anatomy"
     with pytest.raises(ValueError, match="no offline config"):
         lmeval.resolve_task("lambada", local=True)
 
@@ -329,8 +348,15 @@ def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_pat
         r = by[("mmlu", method)]
         assert math.isclose(r["value"], sum(r["subgroups"][f"mmlu_{c}"] * k for c, k in sizes.items()) / 57)
     assert (out / "short_tasks.md").exists() and "Avg. recovery" in (out / "short_tasks.md").read_text()
+    # The results store's files: every row carries the fingerprint of its part of the settings.
+    recorded = json.loads((out / "fingerprint.json").read_text())["settings"]
+    assert recorded["limit[piqa]"] == 4 and recorded["num_fewshot[mmlu]"] == 5
+    assert recorded["data[piqa]"].startswith("files:") and recorded["data_source"] == "local"
+    assert "batch_size" not in recorded and "max_batch_tokens" not in recorded
+    assert len({r["fingerprint"] for r in rows}) == 12  # one per (task, method)
+    assert json.loads((out / "config.json").read_text())["kind"] == "lm-eval"
 
-    # Resume: nothing is recomputed and nothing appended.
+    # Resume (at another batch size, which is no setting): nothing is recomputed and nothing appended.
     again = lmeval.run_lmeval(
         str(tiny_model_dir),
         ["full", "swa:8:2"],
@@ -375,6 +401,173 @@ def test_run_lmeval_reuses_a_loaded_model_and_hands_it_back(fixtures, tiny_model
         lmeval.run_lmeval(
             "tiny", ["lolcats:64"], ["piqa"], data_dir=fixtures, model_and_tokenizer=(model, tok)
         )
+
+
+def test_importing_the_package_registers_the_model_with_lm_eval():
+    """A fresh interpreter: ``import sinkwindow.eval.lmeval`` is all ``get_model("sinkwindow")`` needs,
+    lm-eval's own models stay registered, and HFLM is imported only when the model is asked for."""
+    code = (
+        "import sys\n"
+        "import sinkwindow.eval.lmeval\n"
+        "from lm_eval.api.registry import get_model\n"
+        "before = 'sinkwindow.eval.lmeval.model' in sys.modules\n"
+        "cls = get_model('sinkwindow')\n"
+        "print(before, cls.__module__, cls.__name__, get_model('hf').__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "sinkwindow.eval.lmeval.model", "SinkWindowLM", "HFLM"]
+    from lm_eval.api.registry import get_model
+
+    assert get_model("sinkwindow") is lmeval.SinkWindowLM is lmeval.register()
+
+
+PIQA_RUN = {"methods": ["full", "swa:8:2"], "tasks": ["piqa"], "limit": 2, "batch_size": 2}
+
+
+def _piqa(model_dir, data, out, **change):
+    """``run_lmeval`` of PIQA_RUN into ``out`` with ``change`` applied."""
+    kw = {**PIQA_RUN, **change}
+    return lmeval.run_lmeval(
+        str(kw.pop("model", model_dir)), kw.pop("methods"), kw.pop("tasks"), data_dir=data, out_dir=out, **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def piqa_run(fixtures, tiny_model_dir, tmp_path_factory) -> Path:
+    """One finished lm-eval run folder (copy it before changing it)."""
+    out = tmp_path_factory.mktemp("piqa-run") / "run"
+    _piqa(tiny_model_dir, fixtures, out)
+    return out
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(folder, target)
+    return target
+
+
+def _changed_data(fixtures: Path, tmp_path: Path) -> Path:
+    """The fixtures with one PIQA answer flipped: same names, same size, other contents."""
+    data = tmp_path / "data"
+    shutil.copytree(fixtures, data)
+    path = data / "piqa_validation.jsonl"
+    path.write_text(path.read_text().replace('"label": 0}', '"label": 1}', 1))
+    return data
+
+
+LMEVAL_CHANGES = [
+    # (what changes, run_lmeval keywords, the setting the refusal names)
+    ("shots", {"num_fewshot": 1}, "num_fewshot[piqa] 0 → 1"),
+    ("limit", {"limit": 3}, "limit[piqa] 2 → 3"),
+    ("max length", {"max_length": 64}, "max_length none → 64"),
+    ("dtype", {"dtype": "bfloat16"}, "dtype float32 → bfloat16"),
+    ("bootstrap", {"bootstrap_iters": 10}, "bootstrap_iters 1000 → 10"),
+    ("data", {"data": "changed"}, "data[piqa] files:"),
+    ("source", {"data": None}, "data_source local → hub"),
+    ("model", {"model": "other"}, "model "),
+]
+
+
+@pytest.mark.parametrize("what, change, named", LMEVAL_CHANGES, ids=[c[0] for c in LMEVAL_CHANGES])
+def test_an_lm_eval_resume_with_another_setting_refuses_naming_it(
+    what, change, named, piqa_run, fixtures, tiny_model_dir, tmp_path
+):
+    out = _copy(piqa_run, tmp_path)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    change = dict(change)
+    data = change.pop("data", fixtures)
+    if data == "changed":
+        data = _changed_data(fixtures, tmp_path)
+    if change.get("model") == "other":
+        change["model"] = tiny_char_model(tmp_path / "other-model")
+    with pytest.raises(RunMismatchError, match="--new-run") as err:
+        _piqa(tiny_model_dir, data, out, **change)
+    assert named in str(err.value) and str(err.value).count("\n") == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing touched
+
+
+def test_an_lm_eval_resume_with_another_checkpoint_refuses(fixtures, tiny_model_dir, tmp_path):
+    import copy
+
+    import sinkwindow
+    from sinkwindow.linear import convert, save_checkpoint
+
+    model, _ = sinkwindow.load(str(tiny_model_dir))
+    ckpts = []
+    for seed in (3, 11):  # two untrained LoLCATs checkpoints that differ only in their init
+        trained = convert(copy.deepcopy(model), "lolcats:16", init="kaiming", seed=seed)
+        ckpts.append(str(save_checkpoint(trained, tmp_path / f"seed{seed}.safetensors")))
+    out = tmp_path / "run"
+    rows = _piqa(tiny_model_dir, fixtures, out, methods=["lolcats:16"], checkpoints=ckpts[0])
+    assert [r["method"] for r in rows] == ["lolcats:16"]
+    recorded = json.loads((out / "fingerprint.json").read_text())["settings"]
+    assert recorded["checkpoint[lolcats:16]"].startswith("sha256:")
+    with pytest.raises(RunMismatchError, match=r"checkpoint\[lolcats:16\] sha256:"):
+        _piqa(tiny_model_dir, fixtures, out, methods=["lolcats:16"], checkpoints={"lolcats:16": ckpts[1]})
+    # The same checkpoint resumes, running nothing.
+    assert _piqa(tiny_model_dir, fixtures, out, methods=["lolcats:16"], checkpoints=ckpts[0]) == rows
+    assert len(lmeval.read_rows(out)) == 1
+
+
+def test_lm_eval_new_run_moves_the_old_rows_aside(piqa_run, fixtures, tiny_model_dir, tmp_path, capsys):
+    from sinkwindow.cli import main
+
+    out = _copy(piqa_run, tmp_path)
+    old = (out / "results.jsonl").read_text()
+    argv = ["eval", "lm-eval", "--model", str(tiny_model_dir), "--method", "swa:8:2", "--tasks", "piqa"]
+    argv += ["--data-dir", str(fixtures), "--limit", "3", "--batch-size", "2", "--out", str(out)]
+    assert main(argv) == 2  # another limit: refused in one line that names the fix
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "limit[piqa] 2 → 3" in err and "--new-run" in err
+    assert main([*argv, "--new-run"]) == 0
+    (previous,) = out.glob("previous-*")
+    assert (previous / "results.jsonl").read_text() == old
+    assert {"fingerprint.json", "config.json", "short_tasks.md"} <= {p.name for p in previous.iterdir()}
+    rows = lmeval.read_rows(out)
+    assert [(r["method"], r["limit"], r["n"]) for r in rows] == [("full", 3, 3), ("swa:8:2", 3, 3)]
+    assert json.loads((out / "fingerprint.json").read_text())["settings"]["limit[piqa]"] == 3
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 2
+    assert main(["report", str(out)]) == 0  # `report` renders the folder the CLI wrote
+    assert "Short-context tasks" in (out / "report.md").read_text()
+
+
+def test_batch_size_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path):
+    """Neither batch size nor max_batch_tokens is a setting: a resume with others reuses every row,
+    and a fresh run with others gives the same rows (fingerprints included)."""
+    out = _copy(piqa_run, tmp_path)
+    before = (out / "results.jsonl").read_text()
+    again = _piqa(tiny_model_dir, fixtures, out, batch_size=1, max_batch_tokens=None)
+    assert (out / "results.jsonl").read_text() == before and len(again) == 2
+    fresh = _piqa(tiny_model_dir, fixtures, tmp_path / "fresh", batch_size=1, max_batch_tokens=None)
+    timing = ("batch_size", "seconds", "time")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in fresh] == [
+        {k: v for k, v in r.items() if k not in timing} for r in again
+    ]
+
+
+def test_lm_eval_damaged_lines_are_skipped_and_a_torn_pair_reruns(
+    piqa_run, fixtures, tiny_model_dir, tmp_path, caplog
+):
+    out = _copy(piqa_run, tmp_path)
+    full, swa = (out / "results.jsonl").read_text().splitlines()
+    # A damaged line in the middle, and the second pair's row torn off by a kill mid-append.
+    (out / "results.jsonl").write_text(full + "\n{not json\n" + swa[: len(swa) // 2])
+    with caplog.at_level(logging.WARNING, logger="sinkwindow.eval.results"):
+        rows = _piqa(tiny_model_dir, fixtures, out)
+    assert "results.jsonl:2: skipping a line that is not a JSON object" in caplog.text
+    assert "cut off a torn last line" in caplog.text
+    assert [r["method"] for r in rows] == ["full", "swa:8:2"]
+    assert rows[0] == json.loads(full)  # reused
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert lines[:2] == [full, "{not json"] and json.loads(lines[2])["method"] == "swa:8:2"
+    assert json.loads(lines[2])["metrics"] == json.loads(swa)["metrics"]  # the rerun scores the same
+
+
+def test_a_second_lm_eval_writer_is_refused(piqa_run, fixtures, tiny_model_dir, tmp_path):
+    out = _copy(piqa_run, tmp_path)
+    with RunLock(out), pytest.raises(RunLockedError, match="being written by another run"):
+        _piqa(tiny_model_dir, fixtures, out)
 
 
 def test_sinkwindow_eval_lm_eval_subcommand(fixtures, tiny_model_dir, tmp_path, capsys):
@@ -577,9 +770,9 @@ def test_smollm2_limit20_through_cli(tmp_path, capsys):
 
 
 def test_limit_parser_mixes_a_default_with_per_task_limits():
-    parse = lmeval._parse_limit
+    parse = lm_cli._parse_limit
     assert parse("500") == 500 and parse("0.1") == 0.1 and parse(None) is None
     limits = parse("100,mmlu=2")
     assert limits == {"*": 100, "mmlu": 2}
-    assert lmeval._limit_for(limits, "mmlu") == 2 and lmeval._limit_for(limits, "piqa") == 100
-    assert lmeval._limit_for(parse("arc_easy=3"), "piqa") is None
+    assert runner._limit_for(limits, "mmlu") == 2 and runner._limit_for(limits, "piqa") == 100
+    assert runner._limit_for(parse("arc_easy=3"), "piqa") is None

@@ -258,6 +258,61 @@ def test_batch_size_is_not_part_of_the_fingerprint(done, tiny_pair, checkpoints,
         _config(checkpoints, batch_size=0)
 
 
+LMEVAL_SETTINGS = {
+    "model": "m", "model_file": "unknown", "dtype": "float32", "device": "cpu", "sinkwindow": "0.1.0",
+    "lm_eval": "0.4.13", "data_source": "local", "max_length": None, "bootstrap_iters": 1000,
+    "limit[piqa]": 2, "num_fewshot[piqa]": 0, "data[piqa]": "files:a", "limit[mmlu]": 2,
+    "num_fewshot[mmlu]": 5, "data[mmlu]": "files:b", "checkpoint[lolcats:16]": "sha256:x",
+}  # fmt: skip
+
+
+def test_an_lm_eval_row_fingerprint_covers_its_task_and_method_only():
+    fp = fingerprint.lmeval_row_fingerprint
+    base = fp(LMEVAL_SETTINGS, "piqa", "full")
+    others = {
+        "limit[mmlu]": 9,
+        "num_fewshot[mmlu]": 0,
+        "data[mmlu]": "files:c",
+        "checkpoint[lolcats:16]": "sha256:y",
+    }
+    for key, value in others.items():
+        assert fp({**LMEVAL_SETTINGS, key: value}, "piqa", "full") == base, key
+    own = {
+        "limit[piqa]": 3, "num_fewshot[piqa]": 1, "data[piqa]": "files:c", "lm_eval": "0.4.14",
+        "max_length": 64, "dtype": "bfloat16", "model_file": "sha256:z", "data_source": "hub",
+    }  # fmt: skip
+    for key, value in own.items():
+        assert fp({**LMEVAL_SETTINGS, key: value}, "piqa", "full") != base, key
+    assert fp(LMEVAL_SETTINGS, "piqa", "swa:64:4") != base
+    assert "checkpoint[lolcats:16]" in fingerprint.lmeval_row_settings(LMEVAL_SETTINGS, "piqa", "lolcats:16")
+    assert "checkpoint[lolcats:16]" not in fingerprint.lmeval_row_settings(LMEVAL_SETTINGS, "piqa", "full")
+    # A run of other tasks does not compare PIQA's parameters; a shared one is compared.
+    arc = {k: v for k, v in LMEVAL_SETTINGS.items() if "[" not in k} | {"limit[arc_easy]": 5}
+    assert fingerprint.conflicts(LMEVAL_SETTINGS, arc) == []
+    assert fingerprint.conflicts(LMEVAL_SETTINGS, {**LMEVAL_SETTINGS, "limit[piqa]": 3}) == [
+        ("limit[piqa]", 2, 3)
+    ]
+
+
+def test_lm_eval_settings_follow_data_contents_and_the_given_model(tiny_pair, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "piqa_validation.jsonl").write_text('{"label": 0}\n')
+    ident = fingerprint.data_files_identity
+    a, b = ({"validation": tmp_path / n / "piqa_validation.jsonl"} for n in ("a", "b"))
+    assert ident(a) == ident(b)  # the folder does not count
+    b["validation"].write_text('{"label": 1}\n')  # same size, other contents
+    assert ident(a) != ident(b)
+    tasks = {"piqa": {"num_fewshot": 0, "limit": 2, "files": a}, "mmlu": {"num_fewshot": 5, "limit": None}}
+    settings = fingerprint.lmeval_settings(
+        "tiny", ["full", "swa:64:4"], tasks, model=tiny_pair[0], dtype="bfloat16", device="cuda:1"
+    )
+    assert (settings["dtype"], settings["device"]) == ("float32", "cpu")  # the model's own
+    assert settings["limit[mmlu]"] is None and "data[mmlu]" not in settings
+    assert settings["data[piqa]"] == ident(a) and settings["lm_eval"] == importlib.metadata.version("lm_eval")
+    assert not any(k.startswith("checkpoint[") or "batch" in k for k in settings)
+
+
 def test_a_given_model_must_match_the_dtype_asked_for(tiny_pair, checkpoints, tmp_path):
     with pytest.raises(ValueError, match="dtype") as err:
         run_eval(_config(checkpoints, dtype="bfloat16"), tmp_path / "run", model_and_tokenizer=tiny_pair)

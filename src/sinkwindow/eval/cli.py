@@ -346,11 +346,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _short_tasks(args, cfg, model_tok, out: Path) -> list[str]:
-    """Run the six short tasks through lm-eval when their data is given; return report sections."""
-    try:
-        from .lmeval import recovery_table, run_lmeval
-    except ImportError as err:
-        logger.warning("short tasks skipped: %s (pip install 'sinkwindow[lmeval]')", err)
+    """Run the six short tasks through lm-eval into ``OUT/short`` (its own results store, fingerprint
+    and lock) when their data is given; return report sections."""
+    import importlib.util
+
+    from .lmeval import recovery_table, run_lmeval
+
+    if importlib.util.find_spec("lm_eval") is None:
+        logger.warning("short tasks skipped: lm-eval is not installed (pip install 'sinkwindow[lmeval]')")
         return []
     rows = run_lmeval(
         cfg.model,
@@ -361,6 +364,7 @@ def _short_tasks(args, cfg, model_tok, out: Path) -> list[str]:
         out_dir=str(out / "short"),
         model_and_tokenizer=model_tok,
         checkpoints=cfg.checkpoints,
+        new_run=args.new_run,  # run_eval moved OUT/short aside already; this keeps the two in step
     )
     md, _ = recovery_table(rows)
     return [f"## Short tasks (lm-evaluation-harness, limit {args.short_limit or 'none'})", "", md, ""]

@@ -33,6 +33,10 @@ output folder and timings.
 A row's fingerprint covers the global keys, its task's parameters, its method and that method's
 checkpoint. Task parameters and checkpoints of tasks and methods a run does not touch are not
 compared: ``eval babilong`` may resume a folder whose S-NIAH rows used another decode cap.
+
+lm-eval runs (``eval lm-eval``, ``compare --short-data``) have settings of their own,
+:func:`lmeval_settings` (shots, limit and data files per task, lm-eval's version, ...), checked and
+recorded the same way; :func:`lmeval_row_fingerprint` is their rows' fingerprint.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,10 @@ __all__ = [
     "settings_fingerprint",
     "conflicts",
     "cached_sha256",
+    "lmeval_settings",
+    "lmeval_row_settings",
+    "lmeval_row_fingerprint",
+    "data_files_identity",
 ]
 
 logger = logging.getLogger(__name__)
@@ -228,13 +236,22 @@ def device_kind(device: str | None) -> str:
 
 
 def _checkpoint_file(config, method: str) -> Path | None:
+    return _checkpoint_of(config.model, config.checkpoints.get(method), method)
+
+
+def _checkpoint_of(model_name: str, given: str | os.PathLike | None, method: str) -> Path | None:
+    """The checkpoint file linear baseline ``method`` runs with: ``given``, else the shipped one."""
     from ..linear.adapters import shipped_adapter
     from ..linear.checkpoint import resolve_checkpoint
 
-    given = config.checkpoints.get(method)
     if given is not None:
         return resolve_checkpoint(given)
-    return shipped_adapter(config.model, method)
+    return shipped_adapter(model_name, method)
+
+
+def _checkpoint_identity(model_name: str, given: str | os.PathLike | None, method: str) -> str | None:
+    path = _checkpoint_of(model_name, given, method)
+    return None if path is None else "sha256:" + cached_sha256(path)
 
 
 def run_settings(config, model=None) -> dict[str, Any]:
@@ -296,6 +313,109 @@ def run_settings(config, model=None) -> dict[str, Any]:
         settings["ppl_bucket"] = config.ppl_bucket
     for method in config.methods:
         if parse_spec(method).is_linear:
-            path = _checkpoint_file(config, method)
-            settings[_checkpoint_key(method)] = None if path is None else "sha256:" + cached_sha256(path)
+            settings[_checkpoint_key(method)] = _checkpoint_identity(
+                config.model, config.checkpoints.get(method), method
+            )
     return settings
+
+
+# ---------------------------------------------------------------------------- lm-eval runs
+
+
+def _lmeval_version() -> str:
+    import importlib.metadata as md
+
+    for name in ("lm_eval", "lm-eval"):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def data_files_identity(files: Mapping[str, str | os.PathLike]) -> str:
+    """``files:<hex>`` of ``{split: path}``: each split's file name, size and sha256 (not its folder,
+    so moving the data keeps the identity)."""
+    h = hashlib.sha256()
+    for split in sorted(files):
+        path = Path(files[split])
+        h.update(f"{split}\0{path.name}\0{path.stat().st_size}\0{cached_sha256(path)}\n".encode())
+    return "files:" + h.hexdigest()[:16]
+
+
+def lmeval_settings(
+    model_name: str,
+    methods: Iterable[str],
+    tasks: Mapping[str, Mapping[str, Any]],
+    *,
+    model=None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    checkpoints: Mapping[str, str | os.PathLike | None] | None = None,
+    data_source: str = "local",
+    max_length: int | None = None,
+    bootstrap_iters: int = 1000,
+) -> dict[str, Any]:
+    """The settings that can change the rows of an lm-eval run (``eval/lmeval/runner.py``), flat.
+
+    In: the ``model`` name and ``model_file`` (:func:`model_identity`), ``dtype`` and ``device`` kind
+    (the loaded ``model``'s parameters' when one is given), ``sinkwindow`` and ``lm_eval`` versions,
+    ``data_source`` (``local`` or ``hub``), ``max_length`` (prompt truncation) and
+    ``bootstrap_iters`` (stderrs); per task ``num_fewshot[T]``, ``limit[T]`` and, for local data,
+    ``data[T]`` (:func:`data_files_identity`); per linear baseline ``checkpoint[M]`` (sha256).
+    Out: batch size and ``max_batch_tokens`` (they regroup the same requests), the output folder,
+    timings. Per-task and per-method keys are compared only where both runs have them, as
+    :func:`conflicts` does, so a run of other tasks may resume the folder.
+
+    Args:
+        tasks: ``{task: {"num_fewshot": int, "limit": int | float | None, "files": {split: path} | None}}``.
+        checkpoints: the checkpoint given for each method (``None``: the shipped one, if any).
+    """
+    import importlib.metadata as md
+
+    from ..spec import parse_spec
+
+    seen = _param_dtype_device(model) if model is not None else None
+    if seen is not None:
+        dtype, device = seen
+    try:
+        version = md.version("sinkwindow")
+    except md.PackageNotFoundError:
+        version = "unknown"
+    settings: dict[str, Any] = {
+        "model": model_name,
+        "model_file": model_identity(model_name, model),
+        "dtype": dtype,
+        "device": device_kind(device),
+        "sinkwindow": version,
+        "lm_eval": _lmeval_version(),
+        "data_source": data_source,
+        "max_length": max_length,
+        "bootstrap_iters": bootstrap_iters,
+    }
+    for task, spec in tasks.items():
+        settings[f"num_fewshot[{task}]"] = spec["num_fewshot"]
+        settings[f"limit[{task}]"] = spec["limit"]
+        if spec.get("files") is not None:
+            settings[f"data[{task}]"] = data_files_identity(spec["files"])
+    for method in methods:
+        if parse_spec(method).is_linear:
+            given = (checkpoints or {}).get(method)
+            settings[_checkpoint_key(method)] = _checkpoint_identity(model_name, given, method)
+    return settings
+
+
+def lmeval_row_settings(settings: dict, task: str, method: str) -> dict:
+    """The part of lm-eval ``settings`` that can change the row of (``task``, ``method``), plus the
+    method: the unscoped keys, ``X[task]`` and ``checkpoint[method]``."""
+    out = {}
+    for key, value in settings.items():
+        name, bracket, scope = key.partition("[")
+        if not bracket or scope[:-1] == (method if name == "checkpoint" else task):
+            out[key] = value
+    out["method"] = method
+    return out
+
+
+def lmeval_row_fingerprint(settings: dict, task: str, method: str) -> str:
+    return settings_fingerprint(lmeval_row_settings(settings, task, method))

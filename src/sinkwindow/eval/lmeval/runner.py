@@ -1,0 +1,427 @@
+"""``run_lmeval``: every (task, method) pair through lm-eval on one loaded model, one row each.
+
+Rows go through the same results store as the long-context evaluation (``eval/results.py``):
+``OUT/results.jsonl`` with ``fingerprint.json`` (the settings that can change an lm-eval row,
+``fingerprint.lmeval_settings``) and ``config.json`` beside it, under the folder's run lock. A
+rerun with the same settings skips the pairs already there; one with other settings (shots,
+limit, data files, checkpoint, dtype, ...) is refused naming them, and ``new_run=True`` moves the
+old rows aside and starts over in place. Unreadable lines are skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...linear.adapters import shipped_adapter
+from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
+from ..results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
+from .constants import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    SHORT_TASKS,
+    SUITE,
+    TABLE_FILE,
+    TABLE_JSON,
+    canonical,
+    default_fewshot,
+    family,
+    headline_metric,
+    resolve_task,
+)
+from .table import write_table
+from .tasks import TASKS_DIR
+from .tasks import utils as _local
+
+__all__ = ["run_lmeval", "short_data_available"]
+
+logger = logging.getLogger(__name__)
+
+
+def short_data_available(data_dir: str | os.PathLike | None) -> bool:
+    """True when ``data_dir`` holds the local files of all six tasks."""
+    if data_dir is None or not Path(data_dir).is_dir():
+        return False
+    try:
+        for task in SHORT_TASKS:
+            _local.find_files(task, data_dir)
+    except (FileNotFoundError, KeyError):
+        return False
+    return True
+
+
+def _task_manager(data_dir: Path | None):
+    from lm_eval.tasks import TaskManager
+
+    from .model import quiet_custom_dataset_notice
+
+    quiet_custom_dataset_notice()
+    if data_dir is None:
+        return TaskManager()
+    # Only our folder: indexing lm-eval's thousands of stock YAMLs costs seconds and is not needed.
+    try:
+        return TaskManager(
+            include_path=str(TASKS_DIR), include_defaults=False, metadata={"data_dir": str(data_dir)}
+        )
+    except TypeError:  # a TaskManager without include_defaults: index the stock tasks too
+        return TaskManager(include_path=str(TASKS_DIR), metadata={"data_dir": str(data_dir)})
+
+
+def _limit_for(limit: Any, task: str) -> int | float | None:
+    if isinstance(limit, Mapping):
+        value = limit.get(task, limit.get(family(task), limit.get("*")))
+    else:
+        value = limit
+    if value is None:
+        return None
+    value = float(value)
+    if value <= 0:
+        raise ValueError(f"limit must be positive, got {value}")
+    return int(value) if value >= 1 and value == int(value) else value
+
+
+def _num(x: Any) -> float | None:
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def _extract_row(res: dict, lm_task: str) -> dict:
+    """Metrics of ``lm_task`` from a ``simple_evaluate`` result (a task or a group such as MMLU)."""
+    entry = res.get("groups", {}).get(lm_task) or res["results"][lm_task]
+    metrics, stderrs = {}, {}
+    for key, value in entry.items():
+        if "," not in key or key == "alias":
+            continue
+        name, _filter = key.split(",", 1)
+        if name.endswith("_stderr"):
+            stderrs[name.removesuffix("_stderr")] = _num(value)
+        elif _num(value) is not None:
+            metrics[name] = _num(value)
+    n_samples = res.get("n-samples", {})
+    n = sum(int(v.get("effective", 0)) for v in n_samples.values())
+    out: dict[str, Any] = {"metrics": metrics, "stderrs": stderrs, "n": n}
+    subgroups = {}
+    for name, sub in res.get("results", {}).items():
+        if name != lm_task and name in res.get("groups", {}) and "acc,none" in sub:
+            subgroups[canonical(name)] = _num(sub["acc,none"])
+    if subgroups:
+        out["subgroups"] = subgroups
+    return out
+
+
+def _evaluate(lm, tm, lm_task: str, shots: int, limit, bootstrap_iters: int, batch_size) -> dict:
+    """One ``simple_evaluate`` call; the row's metric fields."""
+    import lm_eval
+
+    logger.info("lm-eval %s (%d-shot, limit %s) with %s", lm_task, shots, limit, lm.method)
+    t0 = time.perf_counter()
+    # None keeps the config's own default (mmlu_local: 5, the rest: 0) without lm-eval logging an
+    # "overwriting num_fewshot" warning for each of MMLU's 57 subtasks.
+    config_shots = 5 if lm_task.startswith("mmlu_local") else 0
+    res = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=[lm_task],
+        num_fewshot=None if shots == config_shots else shots,
+        limit=limit,
+        task_manager=tm,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        batch_size=batch_size,
+    )
+    extracted = _extract_row(res, lm_task)
+    metric = headline_metric(canonical(lm_task))
+    if metric not in extracted["metrics"]:
+        metric = "acc"
+    return {
+        "metric": metric,
+        "value": extracted["metrics"].get(metric),
+        "stderr": extracted["stderrs"].get(metric),
+        **extracted,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+def _checkpoint_for(checkpoints: Mapping[str, str] | str | None, spec: str) -> str | None:
+    from sinkwindow import parse_spec
+
+    if not parse_spec(spec).is_linear:
+        return None
+    if isinstance(checkpoints, Mapping):
+        return checkpoints.get(spec)
+    return checkpoints
+
+
+def _pair_key(model_name: str, task: str, method: str) -> tuple:
+    """The results store's key of a (task, method) row: no length, seed or index."""
+    return row_key({"model": model_name, "task": task, "method": method})
+
+
+def run_lmeval(
+    model_name: str = "smollm2-135m",
+    methods: Sequence[str] = ("full", "swa:64:4"),
+    tasks: Sequence[str] | None = SHORT_TASKS,
+    data_dir: str | os.PathLike | None = None,
+    limit: int | float | Mapping[str, int | float | None] | None = None,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    num_fewshot: int | None = None,
+    batch_size: int | str = 8,
+    checkpoints: Mapping[str, str] | str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_length: int | None = None,
+    max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS,
+    bootstrap_iters: int = 1000,
+    resume: bool = True,
+    new_run: bool = False,
+    model_and_tokenizer: tuple[Any, Any] | None = None,
+) -> list[dict]:
+    """Evaluate every (task, method) pair with lm-eval; one row each, appended to ``OUT/results.jsonl``.
+
+    One model is loaded (or ``model_and_tokenizer`` used) and switched between methods in place:
+    patched with :func:`sinkwindow.apply`, or converted to a trained linear baseline with its
+    checkpoint and reverted afterwards. A passed-in model is left running the method it came with.
+
+    With ``out_dir``, the rows go through the results store: every row carries ``fingerprint``,
+    the hash of the settings that can change it (``fingerprint.lmeval_settings``), recorded in
+    ``OUT/fingerprint.json``. Pairs already there with the same fingerprint are not rerun, so an
+    interrupted run resumes; a folder whose rows were made with other settings is refused before
+    any model loads. The run holds the folder's lock.
+
+    Args:
+        model_name: what :func:`sinkwindow.load` takes; also the row's ``model``.
+        methods: method specs; put ``full`` in to get recovery rates.
+        tasks: stock names (``SHORT_TASKS``, ``mmlu_<subject>``); lm-eval task names work too;
+            ``None``: all six.
+        data_dir: folder of local files (``../shared/data/short`` layout) -> offline ``*_local``
+            tasks; ``None``: stock tasks from the hub.
+        limit: items per task (per MMLU subject, as lm-eval counts), a fraction, or
+            ``{task: limit}`` (key ``"*"`` for the rest); ``None``: full splits.
+        out_dir: the run folder; ``None``: nothing is written.
+        num_fewshot: shots for every task; default 5 for MMLU and 0 otherwise (the paper).
+        batch_size: lm-eval batch size (int, or ``"auto"`` on GPU); not part of the fingerprint.
+        max_batch_tokens: also cap batch size x prompt length (long 5-shot MMLU prompts); ``None``:
+            off. Not part of the fingerprint either.
+        checkpoints: ``{method: path}`` for linear baselines, or one path for all of them.
+        resume: ``False`` reruns pairs already in the folder (their new rows are appended; the
+            table uses the latest). The settings are checked all the same.
+        new_run: move the folder's rows, config, fingerprint and reports to ``previous-<time>/``
+            first, and start over in place.
+        model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading ``model_name``.
+
+    Returns:
+        The rows of all requested pairs (reused ones included), in run order::
+
+            {"suite": "lm-eval", "model", "task", "method", "metric", "value", "stderr",
+             "metrics": {"acc", "acc_norm"}, "stderrs": {...}, "n", "limit", "num_fewshot",
+             "source": "local"|"hub", "lm_eval_task", "batch_size", "seconds", "time",
+             "lm_eval_version", "fingerprint", ["data": {split: path}], ["subgroups": {"mmlu_stem": ...}]}
+
+        ``value`` is a fraction in [0, 1], as lm-eval reports it.
+
+    Raises:
+        RunMismatchError: ``out_dir`` holds rows made with other settings (names them).
+        RunLockedError: another run is writing ``out_dir``.
+        FileNotFoundError: a local data file is missing (before any model loads).
+    """
+    import sinkwindow
+
+    from .model import resolve_device, resolve_dtype
+
+    # A method or task named twice runs once (its second turn would not see the first one's row).
+    specs = list(dict.fromkeys(str(sinkwindow.parse_spec(m)) for m in methods))
+    if not specs:
+        raise ValueError("no methods to evaluate")
+    tasks = SHORT_TASKS if tasks is None else tasks
+    for spec in specs:
+        if (
+            sinkwindow.parse_spec(spec).is_linear
+            and _checkpoint_for(checkpoints, spec) is None
+            and shipped_adapter(model_name, spec) is None
+        ):
+            raise ValueError(
+                f"{spec} is a trained baseline: pass checkpoints={{'{spec}': PATH}} (CLI: --checkpoint)"
+            )
+    local = data_dir is not None
+    data_path = _local.resolve_data_dir(data_dir) if local else None
+    plan = []
+    for task in tasks:
+        lm_task = resolve_task(task, local)
+        name = canonical(lm_task)
+        if any(name == planned for planned, *_ in plan):
+            continue
+        # Fails before any model loads when a file is missing.
+        files = _local.find_files(family(name), data_path) if local else None
+        shots = num_fewshot if num_fewshot is not None else default_fewshot(name)
+        plan.append((name, lm_task, shots, _limit_for(limit, name), files))
+
+    given = model_and_tokenizer[0] if model_and_tokenizer is not None else None
+    if given is None:
+        device = resolve_device(device)
+    settings = lmeval_settings(
+        model_name,
+        specs,
+        {name: {"num_fewshot": shots, "limit": lim, "files": files} for name, _, shots, lim, files in plan},
+        model=given,
+        dtype=str(resolve_dtype(dtype)).removeprefix("torch."),
+        device=device,
+        checkpoints={spec: _checkpoint_for(checkpoints, spec) for spec in specs},
+        data_source="local" if local else "hub",
+        max_length=max_length,
+        bootstrap_iters=bootstrap_iters,
+    )
+    run = _Pairs(
+        model_name=model_name,
+        specs=specs,
+        plan=plan,
+        settings=settings,
+        data_path=data_path,
+        checkpoints=checkpoints,
+        model_and_tokenizer=model_and_tokenizer,
+        lm_kwargs={"batch_size": batch_size, "max_length": max_length, "max_batch_tokens": max_batch_tokens},
+        device=device,
+        dtype=dtype,
+        bootstrap_iters=bootstrap_iters,
+    )
+    if out_dir is None:
+        return run.run(None, resume=False)
+    out = check_run_dir(out_dir)
+    if not new_run:
+        check_resume(out, settings)  # refuse before spending the model load
+    config = {
+        "kind": "lm-eval",
+        "model": model_name,
+        "methods": specs,
+        "tasks": [name for name, *_ in plan],
+        "data_dir": None if data_path is None else str(data_path),
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "batch_size": batch_size,
+        "max_batch_tokens": max_batch_tokens,
+        "max_length": max_length,
+        "device": device if given is None else settings["device"],
+        "dtype": dtype if given is None else settings["dtype"],
+    }
+    with RunLock(out):
+        store = ResultsStore(out, config, settings=settings, new_run=new_run)
+        if store.previous is not None:
+            # The table was made from the rows that just moved: it goes with them.
+            for name in (TABLE_FILE, TABLE_JSON):
+                if (out / name).exists():
+                    shutil.move(str(out / name), str(store.previous / name))
+        store.select({_pair_key(model_name, name, spec) for name, *_ in plan for spec in specs})
+        rows = run.run(store, resume=resume)
+        write_table(out, rows=store.rows())
+    return rows
+
+
+@dataclass
+class _Pairs:
+    """The (task, method) pairs of one ``run_lmeval`` call and what runs them."""
+
+    model_name: str
+    specs: list[str]
+    plan: list[tuple]  # (task, lm-eval task, shots, limit, {split: path} | None)
+    settings: dict
+    data_path: Path | None
+    checkpoints: Mapping[str, str] | str | None
+    model_and_tokenizer: tuple[Any, Any] | None
+    lm_kwargs: dict
+    device: str
+    dtype: Any
+    bootstrap_iters: int
+
+    def _model(self, lm, spec: str, ckpt: str | None):
+        """The lm-eval model running ``spec``: built on first use, then switched in place."""
+        from .model import SinkWindowLM
+
+        if lm is None and self.model_and_tokenizer is not None:
+            given, tok = self.model_and_tokenizer
+            return SinkWindowLM(
+                pretrained=given, tokenizer=tok, method=spec, checkpoint=ckpt, **self.lm_kwargs
+            )
+        if lm is None:
+            return SinkWindowLM(
+                pretrained=self.model_name, method=spec, checkpoint=ckpt, device=self.device,
+                dtype=self.dtype, **self.lm_kwargs,
+            )  # fmt: skip
+        if lm.method != spec:
+            lm.set_method(spec, ckpt)
+        return lm
+
+    def run(self, store: ResultsStore | None, resume: bool) -> list[dict]:
+        """Every pair's row, in plan order; pairs ``store`` holds (same fingerprint) are reused
+        unless ``resume`` is off, and new rows are appended to it as each pair finishes."""
+        import lm_eval
+
+        import sinkwindow
+
+        from .model import switch_method
+
+        done: dict[tuple, dict] = {}
+        if store is not None and resume:
+            for r in store.all_rows():
+                if r.get("suite") == SUITE:
+                    done[(row_key(r), r.get("fingerprint"))] = r  # the latest row of a pair wins
+        source = "hub" if self.data_path is None else "local"
+        version = getattr(lm_eval, "__version__", "unknown")
+        batch_size = self.lm_kwargs["batch_size"]
+        given = self.model_and_tokenizer[0] if self.model_and_tokenizer is not None else None
+        came_with = str(sinkwindow.active_spec(given)) if given is not None else None
+        rows: list[dict] = []
+        lm = tm = None
+        try:
+            # Task-major order, switching methods on one model in between: an interrupted run still
+            # holds complete (full, method) pairs for the tasks it finished.
+            for name, lm_task, shots, lim, files in self.plan:
+                for spec in self.specs:
+                    fp = lmeval_row_fingerprint(self.settings, name, spec)
+                    reused = done.get((_pair_key(self.model_name, name, spec), fp))
+                    if reused is not None:
+                        logger.info("reusing %s / %s from %s", name, spec, store.path)
+                        rows.append(reused)
+                        continue
+                    lm = self._model(lm, spec, _checkpoint_for(self.checkpoints, spec))
+                    if tm is None:
+                        tm = _task_manager(self.data_path)
+                    row = _evaluate(lm, tm, lm_task, shots, lim, self.bootstrap_iters, batch_size)
+                    row.update(
+                        {
+                            "suite": SUITE,
+                            "model": self.model_name,
+                            "task": name,
+                            "method": spec,
+                            "limit": lim,
+                            "num_fewshot": shots,
+                            "source": source,
+                            "lm_eval_task": lm_task,
+                            "batch_size": batch_size,
+                            "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                            "lm_eval_version": version,
+                            "fingerprint": fp,
+                        }
+                    )
+                    if files is not None:
+                        row["data"] = {split: str(path) for split, path in files.items()}
+                    if store is not None:
+                        store.append(row)
+                        write_table(store.dir, rows=store.rows())
+                    rows.append(row)
+                    logger.info(
+                        "%s / %s: %s = %.4f (n=%d, %.0fs)",
+                        name, spec, row["metric"], row["value"], row["n"], row["seconds"],
+                    )  # fmt: skip
+        finally:
+            if given is not None and lm is not None:
+                switch_method(given, came_with)  # hand the caller's model back as it came
+        return rows

@@ -1,0 +1,237 @@
+"""Table 1 of the paper from lm-eval rows: per-task scores, average, MMLU and average recovery.
+
+:func:`recovery_table` turns rows into the paper's layout, :func:`write_table` keeps it in
+``OUT/short_tasks.md`` (and ``.json``), :func:`report_section` hands it to reports, and
+:func:`read_rows` reads the rows of a run folder (unreadable lines skipped with a warning naming
+file and line). Pure bookkeeping: no lm-eval, no torch.
+
+Recovery is ``100 * method / full`` on the same metric and items. Metrics follow the field
+(Mamba, LoLCATs): ``acc_norm`` for ARC-Challenge and HellaSwag, ``acc`` for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..results import RESULTS_FILE, read_jsonl
+from .constants import (
+    PAPER_RECOVERY,
+    SHORT_TASKS,
+    SUITE,
+    TABLE_FILE,
+    TABLE_JSON,
+    TASK_LABELS,
+    headline_metric,
+)
+
+__all__ = ["recovery_table", "write_table", "report_section", "read_rows"]
+
+logger = logging.getLogger(__name__)
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """Rows of a results file or of ``DIR/results.jsonl``; unreadable lines are skipped with a
+    warning naming the file and line (``results.read_jsonl``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    rows, _ = read_jsonl(path)
+    return rows
+
+
+def _pick_rows(rows: Iterable[Mapping], baseline: str) -> dict[str, dict[str, dict[str, Mapping]]]:
+    """``{model: {task: {method: row}}}``: the latest baseline row per (model, task), and for each
+    other method its latest row on the same items (limit, shots, n, source) as that baseline."""
+    rows = [
+        r
+        for r in rows
+        if r.get("suite", SUITE) == SUITE and r.get("value") is not None and r.get("task") in TASK_LABELS
+    ]
+    latest_base: dict[tuple, Mapping] = {}
+    for r in rows:
+        if r["method"] == baseline:
+            latest_base[(r.get("model"), r["task"])] = r
+    out: dict[str, dict[str, dict[str, Mapping]]] = {}
+    for r in rows:
+        model, task = r.get("model"), r["task"]
+        base = latest_base.get((model, task))
+        slot = out.setdefault(str(model), {}).setdefault(task, {})
+        if base is None:
+            slot[r["method"]] = r
+            continue
+        same = all(r.get(k) == base.get(k) for k in ("limit", "num_fewshot", "n", "source"))
+        if r["method"] == baseline:
+            slot[baseline] = base
+        elif same:
+            slot[r["method"]] = r
+        else:
+            logger.warning(
+                "not comparing %s / %s (limit %s, n %s) with %s (limit %s, n %s): different items",
+                task,
+                r["method"],
+                r.get("limit"),
+                r.get("n"),
+                baseline,
+                base.get("limit"),
+                base.get("n"),
+            )
+    return out
+
+
+def _metric_value(row: Mapping, metric: str) -> float | None:
+    if row.get("metric") == metric and row.get("value") is not None:
+        return float(row["value"])
+    value = (row.get("metrics") or {}).get(metric)
+    return None if value is None else float(value)
+
+
+def recovery_table(
+    rows: Iterable[Mapping],
+    baseline: str = "full",
+    metrics: Mapping[str, str] | None = None,
+) -> tuple[str, dict]:
+    """Table 1 of the paper from result rows: scores, average, MMLU and average recovery.
+
+    Scores are percentages (``100 * value``). For each method and task, recovery is
+    ``100 * method / baseline`` on the same metric (``metrics`` overrides ``HEADLINE_METRIC``) and
+    the same items. The average is the mean over the tasks that both the method and the baseline
+    have; "average recovery" is ``100 * average(method) / average(baseline)`` over those tasks, and
+    ``mean_task_recovery`` (in the dict) the mean of the per-task recoveries.
+
+    Returns:
+        ``(markdown, data)``; ``data = {"baseline", "metrics", "paper", "models": {model: {"tasks",
+        "n", "methods": {method: {"scores", "recovery", "average", "average_recovery",
+        "mean_task_recovery", "mmlu_recovery"}}}}}``. Missing values are ``None``.
+    """
+    chosen = {**{t: headline_metric(t) for t in SHORT_TASKS}, **(metrics or {})}
+    picked = _pick_rows(rows, baseline)
+    data: dict[str, Any] = {
+        "baseline": baseline,
+        "metrics": chosen,
+        "paper": dict(PAPER_RECOVERY),
+        "models": {},
+    }
+    parts = []
+    for model, by_task in picked.items():
+        tasks = [t for t in SHORT_TASKS if t in by_task]
+        methods: list[str] = []
+        for t in tasks:
+            for m in by_task[t]:
+                if m not in methods:
+                    methods.append(m)
+        methods.sort(key=lambda m: m != baseline)  # stable: baseline first, then first-seen order
+        base_scores = {
+            t: _pct(_metric_value(by_task[t][baseline], chosen[t])) for t in tasks if baseline in by_task[t]
+        }
+        entry = {"tasks": tasks, "n": {}, "limit": {}, "methods": {}}
+        for t in tasks:
+            ref = by_task[t].get(baseline) or next(iter(by_task[t].values()))
+            entry["n"][t] = ref.get("n")
+            entry["limit"][t] = ref.get("limit")
+        for m in methods:
+            scores = {
+                t: _pct(_metric_value(by_task[t][m], chosen[t])) if m in by_task[t] else None for t in tasks
+            }
+            recovery = {
+                t: (
+                    100.0 * scores[t] / base_scores[t]
+                    if scores[t] is not None and base_scores.get(t)
+                    else None
+                )
+                for t in tasks
+            }
+            both = [t for t in tasks if scores[t] is not None and base_scores.get(t) is not None]
+            avg = _mean([scores[t] for t in tasks if scores[t] is not None])
+            avg_both = _mean([scores[t] for t in both])
+            base_avg = _mean([base_scores[t] for t in both])
+            entry["methods"][m] = {
+                "scores": scores,
+                "recovery": recovery,
+                "average": avg,
+                "average_tasks": len([t for t in tasks if scores[t] is not None]),
+                "average_recovery": 100.0 * avg_both / base_avg if both and base_avg else None,
+                "mean_task_recovery": _mean(
+                    [recovery[t] for t in both if recovery[t] is not None]
+                ),  # a 0 baseline has none
+                "mmlu_recovery": recovery.get("mmlu"),
+            }
+        data["models"][model] = entry
+        parts.append(_markdown(model, entry, chosen, baseline, len(picked) > 1))
+    if not parts:
+        return "_No short-task results yet._\n", data
+    footer = (
+        f"\nMetric: {', '.join(f'{TASK_LABELS[t]} {chosen[t]}' for t in SHORT_TASKS)}. "
+        f"Cells: score % (recovery % = 100 × method ÷ {baseline}, same metric, same items). "
+        f"Avg. recovery = 100 × Avg.(method) ÷ Avg.({baseline}). Paper, SWA(64, 4) over 11 base models: "
+        f"MMLU recovery {PAPER_RECOVERY['mmlu_recovery']}, 6-task average recovery {PAPER_RECOVERY['average_recovery']}.\n"
+    )
+    return "\n".join(parts) + footer, data
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else 100.0 * value
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _markdown(model: str, entry: dict, chosen: Mapping[str, str], baseline: str, heading: bool) -> str:
+    tasks = entry["tasks"]
+    header = ["method", *(TASK_LABELS[t] for t in tasks), "Avg.", "MMLU recovery", "Avg. recovery"]
+    lines = []
+    if heading:
+        lines.append(f"#### {model}\n")
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for m, v in entry["methods"].items():
+        cells = [f"**{m}**" if m == baseline else m]
+        for t in tasks:
+            score, rec = v["scores"][t], v["recovery"][t]
+            cells.append(_fmt(score) if m == baseline or rec is None else f"{_fmt(score)} ({_fmt(rec)})")
+        avg = _fmt(v["average"])
+        if v["average_tasks"] < len(tasks):
+            avg += f" ({v['average_tasks']} tasks)"
+        cells += [avg, _fmt(v["mmlu_recovery"]), _fmt(v["average_recovery"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    sizes = ", ".join(
+        f"{TASK_LABELS[t]} {entry['n'][t]}" + (f" (limit {entry['limit'][t]})" if entry["limit"][t] else "")
+        for t in tasks
+    )
+    lines.append(f"\nItems per task: {sizes}.")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(
+    out_dir: str | os.PathLike, baseline: str = "full", rows: Iterable[Mapping] | None = None
+) -> tuple[str, dict]:
+    """(Re)write ``OUT/short_tasks.md`` and ``OUT/short_tasks.json`` from ``rows`` (default: every
+    row of ``OUT/results.jsonl``)."""
+    out = Path(out_dir)
+    md, data = recovery_table(read_rows(out) if rows is None else rows, baseline=baseline)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TABLE_FILE).write_text("### Short-context tasks (lm-eval)\n\n" + md, encoding="utf-8")
+    (out / TABLE_JSON).write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return md, data
+
+
+def report_section(source: str | os.PathLike | Iterable[Mapping], baseline: str = "full") -> str | None:
+    """Markdown for the compare report's short-task section, or ``None`` when there are no rows.
+
+    ``source`` is a run folder, a results file, or rows.
+    """
+    rows = read_rows(source) if isinstance(source, (str, os.PathLike)) else list(source)
+    rows = [r for r in rows if r.get("suite") == SUITE]
+    if not rows:
+        return None
+    md, _ = recovery_table(rows, baseline=baseline)
+    return "## Short-context tasks (lm-eval)\n\n" + md

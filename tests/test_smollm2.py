@@ -103,7 +103,5 @@ def test_batched_evaluation_equals_one_at_a_time(smollm2, tmp_path):
     rows = {}
     for bs in (1, 3):
         store = run_eval(EvalConfig(**kw, batch_size=bs), tmp_path / f"bs{bs}", model_and_tokenizer=smollm2)
-        rows[bs] = {
-            (r["method"], r["task"], r["index"]): (r["prediction"], r["score"]) for r in store.rows()
-        }
+        rows[bs] = {(r["method"], r["task"], r["index"]): (r["prediction"], r["score"]) for r in store.rows()}
     assert len(rows[1]) == 4 * 2 * 3 and rows[1] == rows[3]

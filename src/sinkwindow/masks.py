@@ -21,6 +21,7 @@ also get private sink copies appended after the main slots (``SlotOffset.copies`
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from transformers.masking_utils import (
@@ -37,6 +38,10 @@ __all__ = [
     "sink_window_mask_function",
     "slot_positions",
     "token_positions",
+    "SlotLayout",
+    "slot_layout",
+    "table_map",
+    "physical_mask_function",
     "build_sink_window_mask",
     "sinkwindow_sdpa_mask",
     "sinkwindow_eager_mask",
@@ -139,6 +144,100 @@ def _positions(
     return q_pos, (torch.arange(kv_length, device=device) + kv_offset)[None], 0, 0
 
 
+class SlotLayout(NamedTuple):
+    """Where every query and key slot of one attention call sits, as positions.
+
+    What both mask paths read (the boolean SDPA/eager mask here, the FlexAttention BlockMask in
+    ``flex``), so they apply one rule to the same positions.
+
+    Attributes:
+        q_pos: ``[batch or 1, q_length]`` position of each query among its row's real tokens (-1: padding).
+        kv_pos: ``[batch or 1, kv_length]`` position of each main key slot (-1: padding or empty); for
+            the sink copies after the main slots (cache position mode), the sink index j of the copy.
+        owner: ``[kv_length]`` -1 for main slots, t for the copies that belong to query t; ``None``
+            when the call has no copies.
+        copy_sinks: sinks per query copy block (0 without copies).
+    """
+
+    q_pos: torch.Tensor
+    kv_pos: torch.Tensor
+    owner: torch.Tensor | None
+    copy_sinks: int
+
+
+def slot_layout(
+    q_length: int,
+    kv_length: int,
+    q_offset: int,
+    kv_offset: int,
+    window: int | None,
+    sinks: int,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+) -> SlotLayout:
+    """The ``SlotLayout`` of one call; arguments as ``build_sink_window_mask``'s."""
+    q_pos, kv_pos, copies, copy_sinks = _positions(
+        q_length, kv_length, q_offset, kv_offset, attention_mask, sinks, window, device
+    )
+    batch = max(q_pos.shape[0], kv_pos.shape[0])
+    q_pos, kv_pos = q_pos.expand(batch, -1), kv_pos.expand(batch, -1)
+    if not copies:
+        return SlotLayout(q_pos, kv_pos, None, 0)
+    # Copy block t holds sinks 0..s-1 for query t: its slots carry the sink's own position j.
+    j = torch.arange(copy_sinks, device=device).repeat(copies)
+    kv_pos = torch.cat([kv_pos, j[None].expand(batch, -1)], dim=1)
+    n_main = kv_length - copies * copy_sinks
+    owner = torch.cat(
+        [
+            torch.full((n_main,), -1, dtype=torch.long, device=device),
+            torch.arange(copies, device=device).repeat_interleave(copy_sinks),
+        ]
+    )
+    return SlotLayout(q_pos, kv_pos, owner, copy_sinks)
+
+
+def table_map(table: torch.Tensor) -> Callable:
+    """``(batch_idx, idx) -> position`` read from a ``[batch or 1, n]`` table (batch 1: every row)."""
+    per_row = table.shape[0] > 1
+
+    def lookup(batch_idx, idx):
+        return table[batch_idx if per_row else 0, idx]
+
+    return lookup
+
+
+def physical_mask_function(
+    fn: Callable,
+    q_map: Callable,
+    kv_map: Callable,
+    owner_map: Callable | None = None,
+    copy_sinks: int = 0,
+) -> Callable:
+    """A mask function over physical ``(batch, head, query index, key slot)`` from one over positions.
+
+    Maps each index to its position (``q_map``/``kv_map``: ``(batch_idx, idx) -> position``, e.g.
+    ``table_map`` of a ``SlotLayout``) and applies ``fn`` there. Padding and empty slots (position -1)
+    are never seen and padding queries see nothing. With sink copies (``owner_map``: slot -> the
+    query owning it, -1 for main slots), main slots holding a sink are hidden and query t sees the
+    sinks only through its own copies, where ``fn`` over the sink's position j admits exactly the
+    sinks that exist by then (``j <= i``).
+
+    Works on broadcast index grids (the boolean mask) and on the scalar indices FlexAttention
+    passes a ``mask_mod``.
+    """
+
+    def inner(batch_idx, head_idx, q_idx, kv_idx):
+        q = q_map(batch_idx, q_idx)
+        kv = kv_map(batch_idx, kv_idx)
+        ok = fn(batch_idx, head_idx, q, kv) & (kv >= 0) & (q >= 0)
+        if owner_map is None:
+            return ok
+        owner = owner_map(kv_idx)
+        return ok & torch.where(owner < 0, kv >= copy_sinks, owner == q_idx)
+
+    return inner
+
+
 def build_sink_window_mask(
     batch_size: int,
     q_length: int,
@@ -166,26 +265,21 @@ def build_sink_window_mask(
     Returns:
         ``(batch, 1, q_length, kv_length)`` bool, True where the query attends the key.
     """
-    q_pos, kv_pos, copies, copy_sinks = _positions(
-        q_length, kv_length, q_offset, kv_offset, attention_mask, sinks, window, device
+    layout = slot_layout(q_length, kv_length, q_offset, kv_offset, window, sinks, attention_mask, device)
+    owner = layout.owner
+    mask_fn = physical_mask_function(
+        sink_window_mask_function(window, sinks),
+        table_map(layout.q_pos),
+        table_map(layout.kv_pos),
+        None if owner is None else (lambda kv_idx: owner[kv_idx]),
+        layout.copy_sinks,
     )
-    fn = sink_window_mask_function(window, sinks)
-    b = torch.arange(max(q_pos.shape[0], kv_pos.shape[0]), device=device)[:, None, None, None]
+    rows = layout.q_pos.shape[0]
+    b = torch.arange(rows, device=device)[:, None, None, None]
     h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-    q = q_pos[:, None, :, None]
-    kv = kv_pos[:, None, None, :]
-    mask = fn(b, h, q, kv) & (kv >= 0) & (q >= 0)
-    if copies:
-        # Cache position mode: each query of this chunk sees its sinks only through its own copies,
-        # rotated to its own distance (cache.SinkWindowLayer._sink_copies).
-        mask = mask & (kv >= copy_sinks)
-        t = torch.arange(q_length, device=device)
-        j = torch.arange(copy_sinks, device=device)
-        own = (t[:, None, None] == t[None, :, None]).expand(q_length, q_length, copy_sinks)  # [q, q', s]
-        seen = j[None, None, :] <= q_pos[:, :, None, None]  # [B, q, 1, s] causal: sink j exists by then
-        seen = seen & (q_pos[:, :, None, None] >= 0)
-        copy_mask = (own[None] & seen).reshape(seen.shape[0], 1, q_length, q_length * copy_sinks)
-        mask = torch.cat([mask, copy_mask.expand(mask.shape[0], 1, q_length, -1)], dim=-1)
+    q_idx = torch.arange(q_length, device=device)[None, None, :, None]
+    kv_idx = torch.arange(kv_length, device=device)[None, None, None, :]
+    mask = mask_fn(b, h, q_idx, kv_idx)
     return mask.expand(batch_size, 1, q_length, kv_length)
 
 

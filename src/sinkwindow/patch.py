@@ -1,8 +1,9 @@
 """Apply SWA(w, s) to a transformers model through its own extension points.
 
-``apply`` registers two attention implementations with transformers, ``sinkwindow_sdpa`` and
-``sinkwindow_eager``, each as an attention function (``AttentionInterface``: the stock SDPA
-function, or the model's own eager function) **and** a mask builder of the same name
+``apply`` registers three attention implementations with transformers, ``sinkwindow_sdpa``,
+``sinkwindow_eager`` and ``sinkwindow_flex`` (FlexAttention with a block-sparse mask where it pays,
+see ``flex``), each as an attention function (``AttentionInterface``: the stock SDPA function, the
+model's own eager function, or flex) **and** a mask builder of the same name
 (``AttentionMaskInterface``). Registering only the attention would make ``create_causal_mask``
 find no builder and silently pass no mask at all (DESIGN §2). The window and sinks reach the
 builder through the model config (``config._sinkwindow``, a plain dict).
@@ -34,6 +35,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
+from . import flex
 from .attributes import CACHE_FACTORY_ATTR, RETROFIT_ATTR, STATE_ATTR
 from .cache import SinkWindowCache
 from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
@@ -85,6 +87,9 @@ NATIVE_SLIDING_POLICIES = ("override", "keep")
 _STATE_ATTR = STATE_ATTR
 SDPA_NAME = "sinkwindow_sdpa"
 EAGER_NAME = "sinkwindow_eager"
+FLEX_NAME = flex.FLEX_NAME
+# What ``attn_implementation`` accepts for the flex path (transformers' own name included).
+FLEX_ALIASES = ("flex", "flex_attention", FLEX_NAME)
 
 
 def _eager_for(module: torch.nn.Module) -> Callable:
@@ -116,12 +121,31 @@ def sinkwindow_sdpa_attention(module, query, key, value, attention_mask, **kwarg
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
+def sinkwindow_flex_attention(module, query, key, value, attention_mask, **kwargs):
+    """``sinkwindow_flex``: FlexAttention when the mask builder made a BlockMask, else the family's own path.
+
+    The builder (``flex.sinkwindow_flex_mask``) hands short calls (decode steps) a boolean SDPA mask, or
+    an additive float mask for families without SDPA; a BlockMask that flex then refuses is replaced by
+    that same mask (``flex.fallback_mask``), never by none.
+    """
+    if flex.BlockMask is not None and isinstance(attention_mask, flex.BlockMask):
+        out = flex.flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        if out is not None:
+            return out
+        attention_mask = flex.fallback_mask(attention_mask)
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype != torch.bool:
+        return sinkwindow_eager_attention(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
 def _register() -> None:
     # Idempotent: GeneralInterface.register only updates a dict.
     AttentionInterface.register(SDPA_NAME, sinkwindow_sdpa_attention)
     AttentionInterface.register(EAGER_NAME, sinkwindow_eager_attention)
+    AttentionInterface.register(FLEX_NAME, sinkwindow_flex_attention)
     AttentionMaskInterface.register(SDPA_NAME, sinkwindow_sdpa_mask)
     AttentionMaskInterface.register(EAGER_NAME, sinkwindow_eager_mask)
+    AttentionMaskInterface.register(FLEX_NAME, flex.sinkwindow_flex_mask)
 
 
 def text_config(model: PreTrainedModel):
@@ -373,7 +397,12 @@ def apply(
             local layers, Mistral): ``"override"`` (default) applies SWA(w, s) to every layer, as the
             paper does; ``"keep"`` leaves native sliding layers on their own window (no sinks) and
             applies SWA(w, s) to the global layers only.
-        attn_implementation: ``"sdpa"`` or ``"eager"``; default: follow the model's current one.
+        attn_implementation: ``"sdpa"``, ``"eager"`` or ``"flex"`` (also ``"flex_attention"``); default:
+            follow the model's current one (``"sdpa"`` or ``"eager"``; any other, a model loaded with
+            ``"flex_attention"`` included, gets SDPA). ``"flex"`` runs FlexAttention with a block-sparse SWA(w, s) mask for calls of at least ``flex.CPU_MIN_QUERIES`` queries
+            (long one-shot and chunked prefills, where it was measured faster than SDPA) and the SDPA
+            path (eager for families without SDPA) for the others, decode steps included; where flex
+            cannot run it falls back to that path with one log line (``sinkwindow.flex``).
 
     Raises:
         ValueError: unsupported architecture or bad spec.
@@ -432,6 +461,9 @@ def _apply(
         "positions": spec.positions,
         "native_sliding": native_sliding,
     }
+    if name == FLEX_NAME:
+        # The path of calls flex does not take (decode steps, refusals): the family's SDPA, else eager.
+        plan[flex.FALLBACK_KEY] = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
     for cfg in _all_configs(model):
         setattr(cfg, PLAN_ATTR, plan)
     model.set_attn_implementation(name)
@@ -444,7 +476,10 @@ def _apply(
 
 
 def _attention_name(cls: type, requested: str | None, current: str) -> str:
-    """``sinkwindow_sdpa`` or ``sinkwindow_eager`` for a model of class ``cls`` now running ``current``."""
+    """``sinkwindow_sdpa``, ``sinkwindow_eager`` or ``sinkwindow_flex`` for a model of class ``cls`` now running ``current``."""
+    if requested in FLEX_ALIASES:
+        # Only when asked for: a model loaded with "flex_attention" keeps the SDPA/eager path below.
+        return FLEX_NAME
     base = requested or current
     if base not in ("sdpa", "eager", SDPA_NAME, EAGER_NAME):
         logger.info("attention %r has no sink-window mask path; using SDPA", base)

@@ -64,7 +64,9 @@ def use_method(
         from .linear import convert, load_linear, shipped_adapter  # noqa: PLC0415
 
         if checkpoint is None and allow_untrained and shipped_adapter(model_name(model), spec) is None:
-            logger.warning("%s: no trained adapter for this model; converting it untrained (timing only)", spec)
+            logger.warning(
+                "%s: no trained adapter for this model; converting it untrained (timing only)", spec
+            )
             return convert(model, spec)
         return load_linear(model, spec, checkpoint, model_name=model_name(model))
     if not spec.is_full:

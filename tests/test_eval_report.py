@@ -115,9 +115,27 @@ def test_differences_larger_than_noise_are_said_in_words(rows):
 
 
 def test_small_cells_get_a_caution():
-    r = niah("full", 1024, [1, 1]) + niah("swa:256:4", 1024, [0, 0])
+    r = niah("full", 1024, [1] * 6) + niah("swa:256:4", 1024, [0] * 6)
     md = markdown_report(summarize(r), {}, [])
     assert "fewer than 10 pairs" in md and "swa:256:4 trails full" in md
+
+
+def test_no_difference_is_called_on_too_few_pairs():
+    # Two pairs: a bootstrap interval of zero width, which must not read as "beyond noise".
+    r = niah("full", 1024, [1, 1]) + niah("swa:256:4", 1024, [0, 0])
+    s = summarize(r)
+    assert not any(d["beyond_noise"] for d in s["differences"]) and all(
+        d["too_few"] for d in s["differences"]
+    )
+    md = markdown_report(s, {}, [])
+    assert "too few samples to tell at 1K (n=2)" in md and "trails full" not in md
+
+
+def test_averages_of_single_samples_keep_a_real_interval():
+    # One sample per length: the pooled Wilson interval, not a zero-width bootstrap.
+    r = niah("swa:256:4", 1024, [1]) + niah("swa:256:4", 2048, [0]) + niah("swa:256:4", 4096, [0])
+    avg = summarize(r)["accuracy_avg"]["niah_single_3"]["swa:256:4"]
+    assert avg["mean"] == pytest.approx(100 / 3) and avg["lo"] < 10 and avg["hi"] > 75
 
 
 def test_markdown_tables_show_intervals(rows):

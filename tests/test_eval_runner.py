@@ -153,10 +153,10 @@ def test_report_numbers_come_from_the_rows(tmp_path):
     store = ResultsStore(tmp_path, {"model": "m", "methods": ["full", "swa:64:4"], "seed": 0, "samples": 2})
     store.extend(rows)
     md = write_report(tmp_path).read_text()
-    # full averages 75 over lengths, swa 25: recovery 33.3%. The average's bootstrap can only
-    # draw 0, 25 or 50 (the 1024 cell is all 0); recovery replicates range over [0, 100].
+    # full averages 75 over lengths, swa 25: recovery 33.3%. The average of 0/1 scores in equal cells
+    # is Wilson on the pooled 1/4 by hand: [4.6, 69.9]; recovery replicates range over [0, 100].
     assert (
-        "| swa:64:4 | 50.0 [9.5, 90.5] <sub>n=2</sub> | 0.0 [0.0, 65.8] <sub>n=2</sub> | 25.0 [0.0, 50.0] "
+        "| swa:64:4 | 50.0 [9.5, 90.5] <sub>n=2</sub> | 0.0 [0.0, 65.8] <sub>n=2</sub> | 25.0 [4.6, 69.9] "
         "| 33.3% [0.0, 100.0] |"
     ) in md
     for png in ("accuracy_vs_context.png", "niah_depth_heatmap.png", "ppl_by_position.png"):

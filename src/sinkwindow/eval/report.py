@@ -77,6 +77,9 @@ N_BOOT = 2000
 # Below this many pairs a percentile bootstrap is visibly too narrow (with 2 pairs it can take
 # only three values); the report says so next to its claims.
 FEW_PAIRS = 10
+# Below this many paired samples no difference is called: a bootstrap over one or two pairs has a
+# (near) zero-width interval that says nothing about the noise.
+MIN_CLAIM_PAIRS = 5
 
 
 def _mean(xs: list[float]) -> float:
@@ -175,6 +178,20 @@ def _comparison_pairs(methods) -> list[tuple[str, str]]:
     return pairs + [(m, "full") for m in methods if m != "full" and "full" in methods]
 
 
+def _average_interval(cells: list[list[float]], boot: dict):
+    """Interval of an equal-weight average over cells (tasks × lengths).
+
+    0/1 scores in cells of equal size: Wilson on the pooled count (the equal-weight mean is then the
+    pooled mean), which stays honest when cells hold one or two samples, where a bootstrap within
+    each cell has no spread at all. Otherwise the stratified bootstrap.
+    """
+    sizes = {len(c) for c in cells}
+    if len(sizes) == 1 and all(v in (0.0, 1.0) for c in cells for v in c):
+        flat = [v for c in cells for v in c]
+        return wilson_interval(sum(flat), len(flat))
+    return bootstrap_mean_interval(cells, **boot)
+
+
 def _swa_lolcats_pairs(methods) -> list[tuple[str, str]]:
     """(SWA, retrofit) pairs of the same window: the paper's comparison, LoLCATs(+SWA) and Liger-GLA(+SWA)."""
     return [
@@ -263,7 +280,7 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
                 acc[m][L] = {**_iv(iv, 100.0, key="mean"), "ci": ci}
             cells = samples.cells(tasks, m, lengths)
             avg[m] = {
-                **_iv(bootstrap_mean_interval(cells, **boot), 100.0, key="mean"),
+                **_iv(_average_interval(cells, boot), 100.0, key="mean"),
                 "lengths": sorted(acc[m]),
                 "complete": len(acc[m]) == len(lengths),
             }
@@ -298,7 +315,8 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
                         "mean_a": 100.0 * _mean([_mean(c) for c in ca]),
                         "mean_b": 100.0 * _mean([_mean(c) for c in cb]),
                         **_iv(d, 100.0),
-                        "beyond_noise": exceeds_noise(d),
+                        "too_few": d.n < MIN_CLAIM_PAIRS,
+                        "beyond_noise": d.n >= MIN_CLAIM_PAIRS and exceeds_noise(d),
                     }
                 )
         for a, b in _swa_lolcats_pairs(methods):
@@ -543,10 +561,13 @@ def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
                 f"at {_len_label(d['length'])} {a} {verb} {b}: {_fmt(d['mean_a'])} vs {_fmt(d['mean_b'])}, "
                 f"difference {d['estimate']:+.1f} [{_fmt(d['lo'])}, {_fmt(d['hi'])}], n={d['n']}"
             )
-    quiet = [_len_label(d["length"]) for d in ds if not d["beyond_noise"]]
+    few = [f"{_len_label(d['length'])} (n={d['n']})" for d in ds if d.get("too_few")]
+    quiet = [_len_label(d["length"]) for d in ds if not d["beyond_noise"] and not d.get("too_few")]
+    if few:
+        said.append(f"too few samples to tell at {', '.join(few)}")
     if quiet:
         noun, verb = ("the difference", "is") if len(quiet) == 1 else ("differences", "are")
-        where = "at every length" if not said and len(quiet) > 1 else "at " + ", ".join(quiet)
+        where = "at every length" if not said and len(quiet) == len(ds) > 1 else "at " + ", ".join(quiet)
         said.append(f"{noun} {where} {verb} within noise")
     return f"- {TASK_TITLES[family].split(' (')[0]}: " + "; ".join(said) + "."
 

@@ -303,6 +303,32 @@ def _window_terms(
     return num, den
 
 
+def _linear_past_window(
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int,
+    initial_state: LinearAttnState | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hybrid's linear term for the n queries past the window (i ≥ w), re-indexed by i' = i − w.
+
+    Query i sees keys j ≤ i − w, so this is inclusive causal linear attention of those queries
+    against the first n keys, in chunks of ``chunk_size`` (any n: the tail is zero-padded).
+
+    Args:
+        q_feat: (b, H, n, F), φq of queries w … w + n − 1.
+        k_feat: (b, H, n, F), φk of keys 0 … n − 1; v: (b, H, n, D); all in the compute dtype.
+
+    Returns:
+        num (b, H, n, D) and den (b, H, n).
+    """
+    n = q_feat.shape[-2]
+    C = max(1, min(chunk_size, n))
+    Lp = -(-n // C) * C
+    num, den = _chunk_causal_linear(*(_pad_to(x, Lp) for x in (q_feat, k_feat, v)), C, initial_state)
+    return num[:, :, :n], den[:, :, :n]
+
+
 def chunk_hybrid_attn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -374,12 +400,11 @@ def chunk_hybrid_attn(
         head_den = qf.new_zeros(b, H, n_head)
     num_l, den_l = head_num, head_den
     if n_tail:
-        C = max(1, min(block, n_tail))
-        Lp = -(-n_tail // C) * C
-        tail = (_pad_to(x, Lp) for x in (qf[:, :, window:], kf[:, :, :n_tail], v_[:, :, :n_tail]))
-        tail_num, tail_den = _chunk_causal_linear(*tail, C, initial_state)
-        num_l = torch.cat([head_num, tail_num[:, :, :n_tail]], dim=2)
-        den_l = torch.cat([head_den, tail_den[:, :, :n_tail]], dim=2)
+        tail_num, tail_den = _linear_past_window(
+            qf[:, :, window:], kf[:, :, :n_tail], v_[:, :, :n_tail], block, initial_state
+        )
+        num_l = torch.cat([head_num, tail_num], dim=2)
+        den_l = torch.cat([head_den, tail_den], dim=2)
 
     lam_ = lam if isinstance(lam, float) else lam.reshape(1, H, 1)
     o = (gamma * num_w + lam * num_l) / (gamma.reshape(1, H, 1) * den_w + lam_ * den_l)[..., None]
@@ -467,12 +492,10 @@ def hybrid_attn_past_window(
     gamma, lam = _mixing_factors(window_factor, H, affine, dt, q_feat.device)
     if n == 0:
         return num_w.to(dt)
-    C = max(1, min(chunk_size, n))
-    Lp = -(-n // C) * C
-    num_l, den_l = _chunk_causal_linear(*(_pad_to(x.to(dt), Lp) for x in (q_feat, k_feat, v)), C, None)
+    num_l, den_l = _linear_past_window(*(x.to(dt) for x in (q_feat, k_feat, v)), chunk_size, None)
     lam_ = lam if isinstance(lam, float) else lam.reshape(1, H, 1)
-    num = gamma * num_w.to(dt) + lam * num_l[:, :, :n]
-    den = gamma.reshape(1, H, 1) * den_w.to(dt) + lam_ * den_l[:, :, :n]
+    num = gamma * num_w.to(dt) + lam * num_l
+    den = gamma.reshape(1, H, 1) * den_w.to(dt) + lam_ * den_l
     return num / den[..., None]
 
 

@@ -270,7 +270,9 @@ def linear_method(text: str) -> str:
 
 
 def _method_items(text: str) -> list[str]:
-    parts = [p.strip() for p in str(text).split(",")]
+    from .spec import split_specs
+
+    parts = split_specs(text)
     if not any(parts):
         raise argparse.ArgumentTypeError("give at least one method spec, e.g. full,swa:64:4")
     if not all(parts):

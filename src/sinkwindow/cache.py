@@ -46,9 +46,12 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .masks import slot_positions
 from .rope import LayerRope
+from .spec import MAX_WINDOW
 
 __all__ = [
     "SinkWindowLayer",
+    "FullAttentionLayer",
+    "HybridHeadLayer",
     "SinkWindowCache",
     "SlotOffset",
     "StepPlan",
@@ -352,6 +355,84 @@ class SinkWindowLayer(DynamicLayer):
                 self.positions = self.positions[indices, ...]
 
 
+class FullAttentionLayer(SinkWindowLayer):
+    """A layer of a hybrid spec that keeps full attention: every key, in column order, never evicted.
+
+    It is a ``SinkWindowLayer`` whose window no context reaches, so it shares the step plan, the
+    per-row positions under padding and the slot bookkeeping of its SWA neighbours.
+    """
+
+    def __init__(self):
+        super().__init__(MAX_WINDOW, 0)
+
+    def get_max_length(self) -> int:
+        return -1  # transformers' "grows with the context"
+
+
+class HybridHeadLayer(SinkWindowLayer):
+    """A layer whose KV heads ``full_heads`` keep full attention while the others run SWA(w, s).
+
+    The SWA heads live in this layer's own bounded store (at most w - 1 entries); the full heads in
+    ``self.full``, a ``FullAttentionLayer`` that holds every key but only for those heads. So the memory
+    is ``(kv_heads - f) * (w - 1) + f * n`` entries, not ``kv_heads * n``.
+
+    ``update`` returns both stores side by side along the key axis, each zero for the other's heads::
+
+        keys[:, swa_heads, :n_swa]   = the SWA store (+ chunk)     keys[:, swa_heads, n_swa:]  = 0
+        keys[:, full_heads, n_swa:]  = the full store (+ chunk)    keys[:, full_heads, :n_swa] = 0
+
+    and the attention function (``hybrid.attention``) masks each head to its own half.
+
+    Args:
+        window, sinks: the SWA heads' w and s.
+        full_heads: KV head indices that keep full attention (a proper, non-empty subset).
+        kv_heads: KV heads of the layer.
+    """
+
+    def __init__(self, window: int, sinks: int, full_heads: tuple[int, ...], kv_heads: int):
+        super().__init__(window, sinks)
+        if not full_heads or len(full_heads) >= kv_heads or max(full_heads) >= kv_heads:
+            raise ValueError(f"full_heads must be a proper subset of range({kv_heads}), got {full_heads}")
+        self.kv_heads = kv_heads
+        self.full_heads = tuple(sorted(full_heads))
+        self.swa_heads = tuple(h for h in range(kv_heads) if h not in self.full_heads)
+        self.full = FullAttentionLayer()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Update both stores; ``key_states [batch, kv_heads, chunk, head_dim]`` -> keys ``[batch, kv_heads, n_swa + n_full, head_dim]``."""
+        swa = torch.tensor(self.swa_heads, device=key_states.device)
+        full = torch.tensor(self.full_heads, device=key_states.device)
+        ks, vs = super().update(key_states.index_select(1, swa), value_states.index_select(1, swa))
+        kf, vf = self.full.update(key_states.index_select(1, full), value_states.index_select(1, full))
+        return self._side_by_side(ks, kf, swa, full), self._side_by_side(vs, vf, swa, full)
+
+    def _side_by_side(self, part_s, part_f, swa, full) -> torch.Tensor:
+        b, _, n_s, d = part_s.shape
+        out = part_s.new_zeros((b, self.kv_heads, n_s + part_f.shape[-2], d))
+        out[:, swa, :n_s] = part_s
+        out[:, full, n_s:] = part_f
+        return out
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        super().reset()
+        self.full.reset()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self.full.reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.full.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.full.batch_select_indices(indices)
+
+
 class SinkWindowCache(Cache):
     """A transformers ``Cache`` made of ``SinkWindowLayer``s (one per decoder layer).
 
@@ -362,6 +443,9 @@ class SinkWindowCache(Cache):
         ropes: per layer ``LayerRope`` (cache mode).
         window, sinks: the spec's w and s, which set cache positions (default: the first non-sliding layer's).
         kind: ``"swa"`` or ``"evict"`` (whose first forward is dense).
+        full_kv_heads: per layer, the KV heads that keep full attention (a hybrid spec): all of them
+            make a ``FullAttentionLayer``, some a ``HybridHeadLayer``, none the usual bounded layer.
+        kv_heads: KV heads per layer (needed with ``full_kv_heads``).
     """
 
     layer_class: type[SinkWindowLayer] = SinkWindowLayer
@@ -375,6 +459,8 @@ class SinkWindowCache(Cache):
         window: int | None = None,
         sinks: int | None = None,
         kind: str = "swa",
+        full_kv_heads: list[tuple[int, ...]] | None = None,
+        kv_heads: int | None = None,
     ):
         if positions not in ("absolute", "cache"):
             raise ValueError(f"positions must be 'absolute' or 'cache', got {positions!r}")
@@ -382,13 +468,33 @@ class SinkWindowCache(Cache):
             raise ValueError(
                 "positions='cache' needs one LayerRope per layer (sinkwindow.make_cache builds them)"
             )
-        layers = [
-            self.layer_class(w, s, is_sliding=sl, rope=ropes[i] if positions == "cache" else None)
-            for i, (w, s, sl) in enumerate(layer_windows)
-        ]
+        full_kv_heads = full_kv_heads or [()] * len(layer_windows)
+        if any(full_kv_heads) and (positions != "absolute" or kind != "swa" or kv_heads is None):
+            raise ValueError("full-attention units need kind='swa', absolute positions and kv_heads")
+        layers = []
+        for i, (w, s, sl) in enumerate(layer_windows):
+            heads = tuple(full_kv_heads[i])
+            if heads and len(heads) >= kv_heads:
+                layers.append(FullAttentionLayer())
+            elif heads:
+                layers.append(HybridHeadLayer(w, s, heads, kv_heads))
+            else:
+                layers.append(
+                    self.layer_class(w, s, is_sliding=sl, rope=ropes[i] if positions == "cache" else None)
+                )
         super().__init__(layers=layers)
         for layer in layers:
             layer._cache = self
+            if isinstance(layer, HybridHeadLayer):
+                layer.full._cache = self
+        # transformers sizes the (one) full-attention mask against the first non-sliding layer; for a
+        # hybrid that must be a windowed layer, since the full layers build their own (hybrid.py).
+        windowed = [i for i, layer in enumerate(layers) if not isinstance(layer, FullAttentionLayer)]
+        self.mask_layer = {
+            i: windowed[0]
+            for i, layer in enumerate(layers)
+            if isinstance(layer, FullAttentionLayer) and windowed
+        }
         main = next(((w, s) for w, s, sl in layer_windows if not sl), layer_windows[0][:2])
         self.window = window if window is not None else main[0]
         self.sinks = sinks if sinks is not None else main[1]
@@ -398,6 +504,8 @@ class SinkWindowCache(Cache):
         self.padded = False
         self.real_seen: torch.Tensor | None = None
         self.plan: StepPlan | None = None
+        # A hybrid's full-attention masks of the running forward (hybrid.full_mask), by shape.
+        self.full_masks: dict = {}
         # What made this cache, set by ``patch.make_cache``: the spec string and native-sliding
         # policy, and a check that the model still runs them (a closure over a weak reference), so a
         # cache used under another spec, or after the model went back to full attention, fails loudly.
@@ -406,6 +514,10 @@ class SinkWindowCache(Cache):
 
     # Fixed-shape ring buffers (``static_cache.StaticSinkWindowCache``): per-row bookkeeping from the start.
     is_static = False
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` of ``layer_idx``; a full layer of a hybrid answers for its windowed neighbours."""
+        return super().get_mask_sizes(query_length, self.mask_layer.get(layer_idx, layer_idx))
 
     def begin_step(
         self,
@@ -500,6 +612,7 @@ class SinkWindowCache(Cache):
         elif q_pos is not None:
             model_pos = q_pos.clamp(min=0)
         self.plan = StepPlan(start, q_len, q_pos, next_pos, model_pos, shift, copy_shift, dense, all_real)
+        self.full_masks = {}
         return self.plan
 
     def end_step(self) -> None:
@@ -510,6 +623,7 @@ class SinkWindowCache(Cache):
         for layer in self.layers:
             layer.end_step(plan)
         self.plan = None
+        self.full_masks = {}
 
     def reset(self) -> None:
         super().reset()
@@ -541,15 +655,7 @@ class SinkWindowCache(Cache):
             "kind": self.kind,
             "padded": self.padded,
             "real_seen": self.real_seen,
-            "layers": [
-                {
-                    "keys": layer.keys if layer.is_initialized else None,
-                    "values": layer.values if layer.is_initialized else None,
-                    "positions": layer.positions,
-                    "cumulative_length": layer.cumulative_length,
-                }
-                for layer in self.layers
-            ],
+            "layers": [_layer_state(layer) for layer in self.layers],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -562,10 +668,13 @@ class SinkWindowCache(Cache):
             )
         self.padded, self.real_seen, self.plan = state["padded"], state["real_seen"], None
         for layer, saved in zip(self.layers, state["layers"]):
-            layer.cumulative_length = saved["cumulative_length"]
-            layer.positions = saved["positions"]
-            if saved["keys"] is not None:
-                layer.load_state(saved["keys"], saved["values"], saved["positions"])
+            if ("full" in saved) != isinstance(layer, HybridHeadLayer):
+                raise ValueError(
+                    "cache state is for another hybrid layout: build the cache with the same spec"
+                )
+            _load_layer_state(layer, saved)
+            if "full" in saved:
+                _load_layer_state(layer.full, saved["full"])
 
     def persisted_lengths(self) -> list[int]:
         """Keys each layer holds right now (what decoding memory is made of)."""
@@ -576,9 +685,33 @@ class SinkWindowCache(Cache):
         return cache_nbytes(self)
 
 
+def _layer_state(layer: SinkWindowLayer) -> dict:
+    state = {
+        "keys": layer.keys if layer.is_initialized else None,
+        "values": layer.values if layer.is_initialized else None,
+        "positions": layer.positions,
+        "cumulative_length": layer.cumulative_length,
+    }
+    if isinstance(layer, HybridHeadLayer):
+        state["full"] = _layer_state(layer.full)
+    return state
+
+
+def _load_layer_state(layer: SinkWindowLayer, saved: dict) -> None:
+    layer.cumulative_length = saved["cumulative_length"]
+    layer.positions = saved["positions"]
+    if saved["keys"] is not None:
+        layer.load_state(saved["keys"], saved["values"], saved["positions"])
+
+
 def _layer_tensors(layer) -> list[torch.Tensor]:
     out = []
-    for value in vars(layer).values():
+    for name, value in vars(layer).items():
+        if name == "_cache":
+            continue
+        if isinstance(value, DynamicLayer):  # a hybrid layer's store of full heads
+            out.extend(_layer_tensors(value))
+            continue
         items = value if isinstance(value, (tuple, list)) else (value,)
         out.extend(t for t in items if isinstance(t, torch.Tensor))
     return out

@@ -342,13 +342,17 @@ def _forward(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, use_cache=False).logits
 
 
-def _expected_bounds(model: PreTrainedModel, spec: MethodSpec, native_sliding: str) -> list[int]:
+def _expected_bounds(model: PreTrainedModel, spec: MethodSpec, native_sliding: str, length: int) -> list[int]:
     """Per layer, the most entries the bounded cache may persist: (window - 1), from the spec and config
-    (not from the cache, so a cache that is wrong about its own window is caught)."""
+    (not from the cache, so a cache that is wrong about its own window is caught). A hybrid's full
+    layers hold all ``length`` tokens; a layer with some full KV heads is bounded on its windowed ones."""
     cfg = text_config(model)
     native = native_sliding_layers(cfg) if native_sliding == "keep" else [False] * cfg.num_hidden_layers
     sw = getattr(cfg, "sliding_window", None)
-    return [(sw if is_native and sw else spec.window) - 1 for is_native in native]
+    return [
+        length if i in spec.full_layers else (sw if is_native and sw else spec.window) - 1
+        for i, is_native in enumerate(native)
+    ]
 
 
 @torch.no_grad()
@@ -365,7 +369,7 @@ def _cache_paths(
     """Chunked prefill of all but the last ``decode_steps`` tokens, then one token a forward."""
     length = ids.shape[1]
     prompt = length - decode_steps
-    bounds = _expected_bounds(model, spec, native_sliding)
+    bounds = _expected_bounds(model, spec, native_sliding, length)
     cache = make_cache(model)
     if not isinstance(cache, SinkWindowCache):
         fail = CheckResult(
@@ -488,6 +492,12 @@ def check_model(
             f"layers (--layers) must be between 1 and {n_layers} (the model's decoder layers), got {layers}"
         )
     k = layers if layers is not None else default_layers(model)
+    if layers is None and spec.is_hybrid:
+        # The copy reaches the first full layer and the first layer with full heads, so both kinds of unit
+        # are held to the reference.
+        firsts = [spec.full_layers[0]] if spec.full_layers else []
+        firsts += [spec.full_heads[0][0]] if spec.full_heads else []
+        k = min(n_layers, max(k, *(i + 1 for i in firsts)))
     chunk = chunk_size if chunk_size is not None else spec.window // 2 + 1
     if chunk < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk}")
@@ -521,14 +531,20 @@ def check_model(
         twin = truncate_layers(model, k) if k < n_layers else model
         where = f"first {k} of {n_layers} layers" if twin is not model else f"all {n_layers} layers"
         logger.info("check: fp64 reference on %s", where)
-        ref = reference_logits(twin, ids, spec, native_sliding=native_sliding)
+        # A hybrid's units past the copy's last layer are not there to check.
+        twin_spec = (
+            spec.with_full([i for i in spec.full_layers if i < k], [u for u in spec.full_heads if u[0] < k])
+            if twin is not model
+            else spec
+        )
+        ref = reference_logits(twin, ids, twin_spec, native_sliding=native_sliding)
         for impl in ("sdpa", "eager"):
             row, label = f"{impl}_vs_reference", f"{impl} vs fp64 reference ({where})"
             if impl == "sdpa" and not sdpa_ok:
                 why = "transformers has no SDPA for this family"
                 checks.append(CheckResult(row, label, None, None, "skip", why))
                 continue
-            apply(twin, spec, native_sliding=native_sliding, attn_implementation=impl)
+            apply(twin, twin_spec, native_sliding=native_sliding, attn_implementation=impl)
             why = f"patched {impl} against dense float64 attention masked from the formula"
             checks.append(_compare(row, label, _forward(twin, ids), ref, rel, why))
         if twin is not model:

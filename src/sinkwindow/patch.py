@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from . import flex
+from . import flex, hybrid
 from .attributes import CACHE_FACTORY_ATTR, RETROFIT_ATTR, STATE_ATTR
 from .cache import SinkWindowCache
 from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
@@ -113,11 +113,21 @@ def _generic_eager(module, query, key, value, attention_mask, scaling=None, drop
 
 def sinkwindow_eager_attention(module, query, key, value, attention_mask, **kwargs):
     """``sinkwindow_eager``: the model's eager attention; the mask carries the window."""
+    unit = hybrid.unit_of(module)
+    if unit is not None:  # a layer or KV heads of a hybrid spec that keep full attention
+        return hybrid.attention(
+            module, unit, query, key, value, attention_mask, _eager_for(module), additive=True, **kwargs
+        )
     return _eager_for(module)(module, query, key, value, attention_mask, **kwargs)
 
 
 def sinkwindow_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     """``sinkwindow_sdpa``: transformers' SDPA attention; the mask carries the window."""
+    unit = hybrid.unit_of(module)
+    if unit is not None:
+        return hybrid.attention(
+            module, unit, query, key, value, attention_mask, sdpa_attention_forward, additive=False, **kwargs
+        )
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -129,13 +139,18 @@ def sinkwindow_flex_attention(module, query, key, value, attention_mask, **kwarg
     that same mask (``flex.fallback_mask``), never by none.
     """
     if flex.BlockMask is not None and isinstance(attention_mask, flex.BlockMask):
-        out = flex.flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        # A hybrid's full units mask per head over their own keys: the SDPA/eager path below.
+        out = (
+            None
+            if hybrid.unit_of(module)
+            else flex.flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        )
         if out is not None:
             return out
         attention_mask = flex.fallback_mask(attention_mask)
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype != torch.bool:
         return sinkwindow_eager_attention(module, query, key, value, attention_mask, **kwargs)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return sinkwindow_sdpa_attention(module, query, key, value, attention_mask, **kwargs)
 
 
 def _register() -> None:
@@ -439,6 +454,7 @@ def _apply(
         )
     if spec.positions == "cache":
         rope_for_model(model, getattr(text_config(model), "layer_types", None))  # unsupported RoPE: fail now
+    full_kv_heads = _full_kv_heads(model, spec, native_sliding)
 
     cls = state["cls"] if state else type(model)
     name = _attention_name(
@@ -461,6 +477,8 @@ def _apply(
         "positions": spec.positions,
         "native_sliding": native_sliding,
     }
+    if full_kv_heads is not None:
+        plan["full_kv_heads"] = [list(h) for h in full_kv_heads]
     if name == FLEX_NAME:
         # The path of calls flex does not take (decode steps, refusals): the family's SDPA, else eager.
         plan[flex.FALLBACK_KEY] = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
@@ -469,10 +487,37 @@ def _apply(
     model.set_attn_implementation(name)
     state["spec"] = spec
     state["native_sliding"] = native_sliding
+    hybrid.remove(model)
+    state["live"] = None
+    if full_kv_heads is not None:
+        _, layers = _decoder_layers(model, text_config(model).num_hidden_layers)
+        modules = [next(m for m in layer.modules() if _dispatches_attention(m)) for layer in layers]
+        state["live"] = hybrid.install(modules, full_kv_heads, _kv_heads(model))
     _install_hooks(model)
     if not isinstance(model, _SinkWindowContext):
         model.__class__ = _context_class(type(model))
     return model
+
+
+def _kv_heads(model: PreTrainedModel) -> int:
+    tcfg = text_config(model)
+    return getattr(tcfg, "num_key_value_heads", None) or tcfg.num_attention_heads
+
+
+def _full_kv_heads(
+    model: PreTrainedModel, spec: MethodSpec, native_sliding: str
+) -> list[tuple[int, ...]] | None:
+    """Per decoder layer, the KV heads a hybrid spec keeps full (``None`` for a spec without units)."""
+    if not spec.is_hybrid:
+        return None
+    if native_sliding != "override":
+        raise ValueError(
+            f"{spec} names its full-attention layers itself: use native_sliding='override' (the default), "
+            f"or the plain {spec.base} with native_sliding='keep'"
+        )
+    n_layers, kv_heads = text_config(model).num_hidden_layers, _kv_heads(model)
+    spec.check_units(n_layers, kv_heads)
+    return [spec.full_kv_heads(i, kv_heads) for i in range(n_layers)]
 
 
 def _attention_name(cls: type, requested: str | None, current: str) -> str:
@@ -499,6 +544,7 @@ def _attention_name(cls: type, requested: str | None, current: str) -> str:
 def _restore(model: PreTrainedModel, state: dict) -> None:
     for handle in _HOOKS.pop(model, []):
         handle.remove()
+    hybrid.remove(model)
     model.__class__ = state["cls"]
     for cfg in _all_configs(model):
         cfg.__dict__.pop(PLAN_ATTR, None)
@@ -537,9 +583,26 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
         (native_window, 0, True) if is_native else (spec.window, spec.sinks, False) for is_native in native
     ]
     ropes = rope_for_model(model, getattr(tcfg, "layer_types", None)) if spec.positions == "cache" else None
+    if static and spec.is_hybrid:
+        raise ValueError(
+            f"static=True has fixed-size ring buffers of w slots, but {spec}'s full layers grow: use the default "
+            f"dynamic cache (static=False), or the plain {spec.base}"
+        )
     cls = StaticSinkWindowCache if static else SinkWindowCache
+    extra = {}
+    if spec.is_hybrid:
+        extra = {
+            "full_kv_heads": _full_kv_heads(model, spec, state["native_sliding"]),
+            "kv_heads": _kv_heads(model),
+        }
     cache = cls(
-        layers, positions=spec.positions, ropes=ropes, window=spec.window, sinks=spec.sinks, kind=spec.kind
+        layers,
+        positions=spec.positions,
+        ropes=ropes,
+        window=spec.window,
+        sinks=spec.sinks,
+        kind=spec.kind,
+        **extra,
     )
     cache.made_for = (str(spec), state["native_sliding"])
     ref = weakref.ref(model)
@@ -615,7 +678,8 @@ def _bounded_cache(model: PreTrainedModel, state: dict, cache, kwargs: dict):
         use_cache = kwargs.get("use_cache")
         if use_cache is None:
             use_cache = getattr(text_config(model), "use_cache", True)
-        if not use_cache and spec.positions != "cache":
+        if not use_cache and spec.positions != "cache" and not spec.is_hybrid:
+            # (cache positions live in the cache; a hybrid's full layers build their masks from it)
             return None
     else:
         raise ValueError(
@@ -666,6 +730,8 @@ def _plan_forward(module, args, kwargs):
     if isinstance(mask, torch.Tensor) and mask.ndim != 2:
         raise ValueError("sinkwindow caches take a 2-D padding mask, not a prepared 4-D attention mask")
     plan = cache.begin_step(q_len, mask, batch_size=x.shape[0], device=x.device)
+    if state.get("live") is not None:
+        state["live"].set(cache)
     if spec.positions == "absolute":
         last = int(plan.next_pos.max()) if plan.next_pos is not None else plan.start + q_len
         check_positions(module, last)
@@ -678,4 +744,7 @@ def _close_forward(module, args, kwargs, output):
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if isinstance(cache, SinkWindowCache):
         cache.end_step()
+    state = getattr(module, _STATE_ATTR, None)
+    if state and state.get("live") is not None:
+        state["live"].set(None)
     return None

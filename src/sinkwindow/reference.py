@@ -8,6 +8,8 @@ the fast path (masks + bounded cache + chunked prefill) against this.
 - **Padding**: positions count each row's real tokens (``cumsum - 1``); padding keys are never seen.
 - **evict:W:S**: queries of the prompt (the first ``prompt_length`` columns) see every earlier key;
   later queries see SWA(w, s).
+- **Hybrid specs** (``swa:W:S+full:...``): the named layers, or the query heads of the named KV heads,
+  see every earlier key; the rest SWA(w, s).
 - **positions="cache"**: a query at position i sits at ``min(i, w - 1)`` with its recent keys right
   below it, so only its distance to the sinks changes: the reference rotates each sink key, per query,
   by ``max(0, i - (w - 1))`` more, with RoPE recomputed in float64 from the model's ``inv_freq``.
@@ -124,12 +126,21 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
         as_is = reference_mask(length, native, 0, None, pos.cpu())
         in_prompt = (torch.arange(length) < prompt_length)[None, :, None]
         allowed = torch.where(in_prompt, as_is, allowed)
+    full_heads = (plan.get("full_kv_heads") or {}).get(module.layer_idx)
+    if full_heads:
+        # The query heads of these KV heads (h uses KV head h // groups) see every earlier key.
+        dense = reference_mask(length, None, 0, None, pos.cpu())
+        per_head = torch.zeros(q.shape[1], dtype=torch.bool)
+        per_head[[h for h in range(q.shape[1]) if h // groups in full_heads]] = True
+        allowed = torch.where(per_head[None, :, None, None], dense[:, None], allowed[:, None])
+    else:
+        allowed = allowed[:, None]
     allowed = allowed.to(scores.device)
     # Padding queries see themselves only (their outputs are never used; this keeps them finite).
     allowed = allowed | (
-        torch.eye(length, dtype=torch.bool, device=scores.device)[None] & (pos < 0)[:, :, None]
+        torch.eye(length, dtype=torch.bool, device=scores.device)[None, None] & (pos < 0)[:, None, :, None]
     )
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     out = (weights @ v).to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights
@@ -169,7 +180,11 @@ def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_slidi
     if getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
         # MoE experts default to grouped_mm kernels, which have no float64 path: run them as plain loops.
         ref.set_experts_implementation("eager")
-    layer_types = getattr(ref.config.get_text_config(decoder=True), "layer_types", None)
+    tcfg = ref.config.get_text_config(decoder=True)
+    layer_types = getattr(tcfg, "layer_types", None)
+    kv_heads = getattr(tcfg, "num_key_value_heads", None) or tcfg.num_attention_heads
+    if spec.is_hybrid:
+        spec.check_units(tcfg.num_hidden_layers, kv_heads)
     plan = {
         "window": spec.window,
         "sinks": spec.sinks,
@@ -182,6 +197,9 @@ def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_slidi
         else None,
         "prompt_length": None,
         "token_pos": None,
+        "full_kv_heads": {i: spec.full_kv_heads(i, kv_heads) for i in range(tcfg.num_hidden_layers)}
+        if spec.is_hybrid
+        else None,
     }
     for cfg in _all_configs(ref):
         setattr(cfg, _REF_ATTR, plan)

@@ -13,6 +13,9 @@ Grammar (case-insensitive, ``:``-separated)::
     liger:W                   Liger-GLA(+SWA): 0.5 · softmax over the last W keys + 0.5 · gated linear
                               attention over every key, each normalised on its own; no new
                               parameters, trained with LoRA
+    swa:W:S+full:UNITS        a hybrid: SWA(W, S) except the named units, which keep full attention.
+                              A unit is a layer (``11``) or one KV head of a layer (``11.2``), comma
+                              separated: ``swa:256:4+full:3,11,27`` or ``swa:256:4+full:11.2,17.0``
 
 A spec is a frozen dataclass: hashable, comparable, and ``str(spec)`` gives back its canonical
 string, which is what results files record.
@@ -20,9 +23,18 @@ string, which is what results files record.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["MethodSpec", "parse_spec", "SPEC_KINDS", "POSITION_MODES", "MAX_WINDOW"]
+__all__ = [
+    "MethodSpec",
+    "parse_spec",
+    "SPEC_KINDS",
+    "POSITION_MODES",
+    "MAX_WINDOW",
+    "FULL_SUFFIX",
+    "split_specs",
+]
 
 SPEC_KINDS = ("full", "swa", "evict", "linear", "lolcats", "liger")
 POSITION_MODES = ("absolute", "cache")
@@ -31,7 +43,9 @@ DEFAULT_SINKS = 4
 # has a context anywhere near 2**31 tokens.
 MAX_WINDOW = 2**31 - 1
 
-_GRAMMAR = "full | swa:W[:S][:absolute|cache] | evict:W[:S][:absolute|cache] | linear | lolcats:W | liger:W"
+_GRAMMAR = "full | swa:W[:S][:absolute|cache][+full:L,L.H,...] | evict:W[:S][:absolute|cache] | linear | lolcats:W | liger:W"
+# What separates a hybrid's SWA part from the units that keep full attention.
+FULL_SUFFIX = "+full:"
 
 
 @dataclass(frozen=True)
@@ -51,8 +65,11 @@ class MethodSpec:
     window: int | None = None
     sinks: int = 0
     positions: str = "absolute"
+    full_layers: tuple[int, ...] = ()
+    full_heads: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_units()
         if self.kind not in SPEC_KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}; expected one of: {_GRAMMAR}")
         if self.positions not in POSITION_MODES:
@@ -84,6 +101,71 @@ class MethodSpec:
                 f"the sinks and needs room for the query itself (try swa:{max(self.window, self.sinks + 1)}:{self.sinks} "
                 f"or fewer sinks)"
             )
+
+    def _check_units(self) -> None:
+        """Hybrid units: sorted, unique, non-negative; heads of a full layer are refused as redundant."""
+        if not (self.full_layers or self.full_heads):
+            return
+        if self.kind != "swa" or self.positions != "absolute":
+            raise ValueError(
+                f"only swa:W:S (absolute positions) takes '+full:' units, not {self.kind}"
+                f"{':' + self.positions if self.positions != 'absolute' else ''}: e.g. swa:256:4+full:3,11"
+            )
+        layers, heads = tuple(self.full_layers), tuple(tuple(h) for h in self.full_heads)
+        for x in layers + tuple(v for h in heads for v in h):
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise ValueError(f"full-attention units are layer indices >= 0 (or LAYER.KV_HEAD), got {x!r}")
+        if len(set(layers)) != len(layers) or len(set(heads)) != len(heads):
+            raise ValueError(f"a full-attention unit is named twice in {self._units_text(layers, heads)}")
+        both = sorted({layer for layer, _ in heads} & set(layers))
+        if both:
+            raise ValueError(
+                f"layer {both[0]} is full already: name either the layer ({both[0]}) or some of its heads ({both[0]}.H), not both"
+            )
+        object.__setattr__(self, "full_layers", tuple(sorted(layers)))
+        object.__setattr__(self, "full_heads", tuple(sorted(heads)))
+
+    @staticmethod
+    def _units_text(layers, heads) -> str:
+        units = [(layer, -1) for layer in layers] + list(heads)
+        return ",".join(str(layer) if h < 0 else f"{layer}.{h}" for layer, h in sorted(units))
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when some layers or KV heads keep full attention (``swa:W:S+full:...``)."""
+        return bool(self.full_layers or self.full_heads)
+
+    @property
+    def base(self) -> MethodSpec:
+        """The spec without its full-attention units (``swa:256:4`` for ``swa:256:4+full:3``)."""
+        return MethodSpec(self.kind, self.window, self.sinks, self.positions)
+
+    def with_full(self, layers=(), heads=()) -> MethodSpec:
+        """The same SWA part with these units full (replacing any it had)."""
+        return MethodSpec(
+            self.kind, self.window, self.sinks, self.positions, tuple(layers), tuple(tuple(h) for h in heads)
+        )
+
+    def full_kv_heads(self, layer_idx: int, kv_heads: int) -> tuple[int, ...]:
+        """KV heads of layer ``layer_idx`` that keep full attention: all, some, or none (``()``)."""
+        if self.kind == "full":
+            return tuple(range(kv_heads))
+        if layer_idx in self.full_layers:
+            return tuple(range(kv_heads))
+        return tuple(h for layer, h in self.full_heads if layer == layer_idx)
+
+    def check_units(self, n_layers: int, kv_heads: int) -> None:
+        """Refuse units a model of ``n_layers`` layers and ``kv_heads`` KV heads does not have."""
+        for layer in self.full_layers + tuple(layer for layer, _ in self.full_heads):
+            if layer >= n_layers:
+                raise ValueError(
+                    f"{self} names layer {layer}, but the model has {n_layers} layers (0..{n_layers - 1})"
+                )
+        for layer, h in self.full_heads:
+            if h >= kv_heads:
+                raise ValueError(
+                    f"{self} names KV head {layer}.{h}, but the model has {kv_heads} KV heads a layer (0..{kv_heads - 1})"
+                )
 
     @property
     def is_full(self) -> bool:
@@ -119,6 +201,8 @@ class MethodSpec:
         text = f"{self.kind}:{self.window}:{self.sinks}"
         if self.positions != "absolute":
             text += f":{self.positions}"
+        if self.is_hybrid:
+            text += FULL_SUFFIX + self._units_text(self.full_layers, self.full_heads)
         return text
 
 
@@ -134,7 +218,10 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
         raise ValueError(
             f"method spec must be a non-empty string like 'swa:64:4'; got {text!r}. Grammar: {_GRAMMAR}"
         )
-    parts = [p.strip() for p in text.strip().lower().split(":")]
+    body, sep, units = text.strip().lower().partition("+")
+    if sep:
+        return _parse_hybrid(text, body, units)
+    parts = [p.strip() for p in body.split(":")]
     kind, args = parts[0], parts[1:]
     if kind not in SPEC_KINDS:
         raise ValueError(f"unknown method {text!r}; expected {_GRAMMAR}")
@@ -167,3 +254,39 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
     window = ints[0]
     sinks = ints[1] if len(ints) == 2 else DEFAULT_SINKS
     return MethodSpec(kind, window=window, sinks=sinks, positions=positions)
+
+
+def _parse_hybrid(text: str, body: str, units: str) -> MethodSpec:
+    """``swa:W:S+full:3,11.2`` -> the SWA spec with layer 3 and KV head 2 of layer 11 full."""
+    base = parse_spec(body)
+    head, _, items = units.partition(":")
+    if head.strip() != "full" or not items.strip():
+        raise ValueError(
+            f"malformed method {text!r}: after '+' comes full:UNITS, e.g. swa:256:4+full:3,11 (layers) "
+            f"or swa:256:4+full:11.2 (KV head 2 of layer 11)"
+        )
+    layers: list[int] = []
+    heads: list[tuple[int, int]] = []
+    for item in (i.strip() for i in items.split(",")):
+        layer, dot, h = item.partition(".")
+        try:
+            if dot:
+                heads.append((int(layer), int(h)))
+            else:
+                layers.append(int(layer))
+        except ValueError:
+            raise ValueError(
+                f"malformed method {text!r}: {item!r} is not a layer (11) or a layer's KV head (11.2)"
+            ) from None
+    if base.kind != "swa":
+        raise ValueError(f"only swa:W:S takes '+full:' units, not {base.kind} ({text!r})")
+    return base.with_full(layers, heads)
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a comma list of specs: ``"full,swa:256:4+full:3,11"`` -> ``["full", "swa:256:4+full:3,11"]``.
+
+    A comma followed by a digit continues a hybrid's unit list; any other comma starts a new spec
+    (every spec starts with a letter). Items are stripped; empty ones are kept for the caller to refuse.
+    """
+    return [part.strip() for part in re.split(r",(?!\s*\d)", str(text))]

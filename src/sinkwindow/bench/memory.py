@@ -24,6 +24,7 @@ from ..spec import MethodSpec
 
 __all__ = [
     "PeakMemory",
+    "analytic_layer_bytes",
     "analytic_state_bytes",
     "current_rss",
     "peak_rss",
@@ -133,6 +134,26 @@ def kv_geometry(config) -> tuple[int, int, int, int]:
     return config.num_hidden_layers, heads, kv_heads, head_dim
 
 
+def analytic_layer_bytes(
+    spec: MethodSpec, config, context: int, *, dtype: torch.dtype = torch.float32, batch: int = 1
+) -> list[int]:
+    """Per decoder layer, the KV bytes of ``full``, ``swa``/``evict`` or a hybrid after ``context`` tokens.
+
+    A KV head that keeps full attention holds ``context`` keys and values; a windowed one
+    ``min(context, W - 1)`` (see ``analytic_state_bytes``).
+    """
+    if not (spec.is_full or spec.is_windowed):
+        raise ValueError(f"per-layer KV bytes cover full, swa and evict (and their hybrids), not {spec}")
+    layers, _, kv_heads, head_dim = kv_geometry(config)
+    per_head_token = 2 * batch * head_dim * torch.empty((), dtype=dtype).element_size()
+    out = []
+    for layer in range(layers):
+        full = len(spec.full_kv_heads(layer, kv_heads))
+        windowed = 0 if spec.is_full else min(context, spec.window - 1)
+        out.append(per_head_token * (full * context + (kv_heads - full) * windowed))
+    return out
+
+
 def analytic_state_bytes(
     spec: MethodSpec,
     config,
@@ -147,6 +168,8 @@ def analytic_state_bytes(
     - ``full``: n keys and values per layer.
     - ``swa:W:S`` / ``evict:W:S``: ``min(n, W - 1)`` (the s sinks plus W - S - 1 recent keys; the
       query brings the W-th, see ``SinkWindowLayer``).
+    - ``swa:W:S+full:...``: n per KV head that keeps full attention, ``min(n, W - 1)`` per other head
+      (``analytic_layer_bytes``).
     - ``linear``: per layer and query head, S (F x D) and z (F), in float32.
     - ``lolcats:W``: the linear state plus a FIFO of the last ``min(n, W)`` keys and values.
     - ``liger:W``: the gated state S (D x D per key/value head, float32, no normaliser) plus a FIFO of
@@ -164,6 +187,8 @@ def analytic_state_bytes(
     Returns:
         Bytes, summed over layers.
     """
+    if spec.is_hybrid:
+        return sum(analytic_layer_bytes(spec, config, context, dtype=dtype, batch=batch))
     layers, heads, kv_heads, head_dim = kv_geometry(config)
     elem = torch.empty((), dtype=dtype).element_size()
     per_token = 2 * batch * kv_heads * head_dim * elem  # one key + one value, one layer

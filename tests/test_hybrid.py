@@ -227,3 +227,26 @@ def test_a_cache_of_the_plain_spec_is_refused_under_the_hybrid():
         cache = sinkwindow.make_cache(model)
     with sinkwindow.apply(model, "swa:8:2+full:1"), pytest.raises(ValueError, match="made for swa:8:2"):
         model(_ids(), cache=cache)
+
+
+@torch.no_grad()
+def test_bench_fill_leaves_the_state_of_a_real_prefill():
+    """The benchmark's fast fill: full stores at n keys, windowed ones at W - 1, bytes as analytic."""
+    from sinkwindow.bench.methods import HybridRunner, runner_for
+
+    model = tiny_model("llama")
+    spec = parse_spec("swa:8:2+full:1,2.0")
+    n = 60
+    ids = _ids(batch=1, length=n)
+    runner = runner_for(model, spec)
+    assert isinstance(runner, HybridRunner) and not runner.bounded
+    with runner:
+        _, cache = runner.fill(ids, chunk_size=4)
+        real = sinkwindow.prefill(model, ids, chunk_size=4).cache
+        assert cache.persisted_lengths() == real.persisted_lengths() == [7, n, 7]
+        assert cache.layers[2].full.n_persisted == real.layers[2].full.n_persisted == n
+        assert cache_nbytes(cache) == cache_nbytes(real) == runner.analytic_bytes(n)
+        # The next decode step runs at position n over the same shapes as after the real prefill.
+        nxt = torch.tensor([[7]])
+        assert model(nxt, cache=cache).logits.shape == model(nxt, cache=real).logits.shape
+        assert cache.get_seq_length() == real.get_seq_length() == n + 1

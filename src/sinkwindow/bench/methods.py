@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from ..cache import SinkWindowLayer
+from ..cache import FullAttentionLayer, SinkWindowLayer
 from ..patch import apply, make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec, parse_spec
@@ -162,10 +162,17 @@ class WindowRunner(MethodRunner):
 
     def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
         n = ids.shape[1]
-        sinks = self.spec.sinks
-        tail = self.spec.window - sinks  # the last query's own window: itself + w - s - 1 keys
         if n <= self.spec.window + chunk_size:
             return self.prefill(ids, chunk_size)
+        logits, cache = self._skip_to(ids, chunk_size)
+        self._check(cache, n)
+        return logits, cache
+
+    def _skip_to(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        """Sinks at 0..s-1, every layer advanced to n - (w - s), then the last w - s tokens for real."""
+        n = ids.shape[1]
+        sinks = self.spec.sinks
+        tail = self.spec.window - sinks  # the last query's own window: itself + w - s - 1 keys
         cache = self.new_cache()
         if sinks:
             prefill(self.model, ids[:, :sinks], chunk_size=chunk_size, cache=cache, return_logits="none")
@@ -174,10 +181,13 @@ class WindowRunner(MethodRunner):
                 raise MethodUnavailable(
                     f"{self.spec}: fast fill needs SinkWindowLayer caches, got {type(layer).__name__}"
                 )
-            layer.cumulative_length = n - tail
-        logits, cache = prefill(
+            for part in _stores(layer):
+                part.cumulative_length = n - tail
+        return prefill(
             self.model, ids[:, n - tail :], chunk_size=chunk_size, cache=cache, return_logits="last"
         )
+
+    def _check(self, cache: Cache, n: int) -> None:
         for layer in cache.layers:
             held = layer.keys.shape[-2]
             if layer.cumulative_length != n or held != min(n, layer.max_persisted):
@@ -185,7 +195,52 @@ class WindowRunner(MethodRunner):
                     f"{self.spec} fill: layer holds {held} keys at cumulative length {layer.cumulative_length}, "
                     f"expected {min(n, layer.max_persisted)} at {n}"
                 )
+
+
+def _stores(layer) -> list:
+    """A layer's key stores: itself, and a hybrid layer's store of full heads."""
+    full = getattr(layer, "full", None)
+    return [layer] if full is None else [layer, full]
+
+
+class HybridRunner(WindowRunner):
+    """A hybrid spec (``swa:W:S+full:...``): windowed layers as ``WindowRunner``, full stores as ``FullRunner``.
+
+    ``fill`` skips ahead like ``WindowRunner``, then tiles every full-attention store (a full layer, or a
+    layer's full KV heads) along the sequence to n entries, as ``FullRunner`` does, so each decode step
+    reads n keys there and at most w elsewhere, as after a real n-token prefill.
+    """
+
+    bounded = False
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n = ids.shape[1]
+        if n <= self.spec.window + chunk_size:
+            return self.prefill(ids, chunk_size)
+        logits, cache = self._skip_to(ids, chunk_size)
+        for layer in cache.layers:
+            full = layer if isinstance(layer, FullAttentionLayer) else getattr(layer, "full", None)
+            if full is None:
+                continue
+            for name in ("keys", "values"):
+                seed = getattr(full, name)  # [batch, full kv heads, w, head_dim]
+                reps, rem = divmod(n, seed.shape[-2])
+                setattr(full, name, torch.cat([seed.repeat(1, 1, reps, 1), seed[..., :rem, :]], dim=-2))
+            if full.n_persisted != n or full.cumulative_length != n:
+                raise RuntimeError(
+                    f"{self.spec} fill: a full store holds {full.n_persisted} keys, expected {n}"
+                )
+        self._check_windowed(cache, n)
         return logits, cache
+
+    def _check_windowed(self, cache: Cache, n: int) -> None:
+        for layer in cache.layers:
+            if isinstance(layer, FullAttentionLayer):
+                continue
+            if layer.cumulative_length != n or layer.n_persisted != min(n, layer.max_persisted):
+                raise RuntimeError(
+                    f"{self.spec} fill: a windowed layer holds {layer.n_persisted} keys at {n}"
+                )
 
 
 class LinearRunner(MethodRunner):
@@ -244,6 +299,7 @@ RUNNERS: dict[str, type[MethodRunner]] = {
     "linear": LinearRunner,
     "lolcats": LinearRunner,
     "liger": LinearRunner,
+    "hybrid": HybridRunner,  # swa:W:S+full:... (looked up by is_hybrid, its kind being swa)
 }
 
 
@@ -256,4 +312,4 @@ def runner_for(model: PreTrainedModel, spec: str | MethodSpec) -> MethodRunner:
     spec = parse_spec(spec)
     if spec.positions != "absolute":
         raise MethodUnavailable(f"{spec}: only absolute positions are implemented")
-    return RUNNERS[spec.kind](model, spec)
+    return RUNNERS["hybrid" if spec.is_hybrid else spec.kind](model, spec)

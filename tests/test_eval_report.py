@@ -210,3 +210,30 @@ def test_accuracy_plot_has_error_bars_and_a_legend_on_every_panel(rows):
         assert len({tuple(c.lines[0].get_xdata()) for c in bars}) == 3
     finally:
         plt.close(fig)
+
+
+def test_hybrid_section_gives_niah_average_recovery_and_kv_share():
+    """Hybrids are compared with full (recovery, KV share) and with the plain SWA they extend."""
+    hyb, base = "swa:256:4+full:3,11", "swa:256:4"
+    rows = []
+    kv = {"full": 4000, base: 1000, hyb: 1600}
+    scores = {"full": [1] * 10, base: [0] * 10, hyb: [1] * 8 + [0] * 2}
+    for task in ("niah_single_1", "niah_single_2", "niah_single_3"):
+        for m, sc in scores.items():
+            for r in niah(m, 4096, sc, task=task):
+                rows.append({**r, "kv_bytes": kv[m]})
+    s = summarize(rows)
+    cell = s["hybrid"][4096]
+    assert set(cell) == {"full", base, hyb}
+    assert cell[hyb]["units"] == 2 and cell[hyb]["kv_share"] == pytest.approx(0.4)
+    assert cell[hyb]["avg"]["mean"] == pytest.approx(80.0) and cell[hyb]["avg"]["n"] == 30
+    assert cell[hyb]["recovery"]["estimate"] == pytest.approx(80.0)
+    assert cell[hyb]["recovery"]["lo"] < 80.0 < cell[hyb]["recovery"]["hi"]
+    # Compared with its own SWA, and that difference is beyond the noise.
+    d = [x for x in s["differences"] if x["a"] == hyb and x["b"] == base and x["family"] == "niah_single_1"]
+    assert d and d[0]["beyond_noise"] and d[0]["estimate"] == pytest.approx(80.0)
+    md = markdown_report(s, {"model": "m"}, [])
+    assert "## Hybrid specs" in md and f"| `{hyb}` | 2 | " in md and "40.0%" in md
+    # A run without hybrids has no such section.
+    plain = summarize([r for r in rows if r["method"] != hyb])
+    assert plain["hybrid"] == {} and "## Hybrid specs" not in markdown_report(plain, {}, [])

@@ -161,6 +161,12 @@ def _comparison_pairs(methods) -> list[tuple[str, str]]:
             continue
     pairs = []
     for a, sa in specs.items():
+        if sa.is_hybrid:
+            # A hybrid against the plain SWA it extends, then against the other hybrids of that SWA.
+            base = str(sa.base)
+            pairs += [(a, base)] if base in specs else []
+            pairs += [(a, b) for b, sb in specs.items() if sb.is_hybrid and sb.base == sa.base and b > a]
+            continue
         if sa.kind != "swa" or not sa.sinks:
             continue
         ranked = []
@@ -259,6 +265,7 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
         "ppl": {},
         "ppl_buckets": {},
         "niah_depth": {},
+        "hybrid": {},
     }
     lengths_of: dict[str, list[int]] = {}
     for fam in families:
@@ -350,6 +357,54 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
         }
     for m, cells in depth.items():
         out["niah_depth"][m] = {f"{L}|{d}": _mean(v) for (L, d), v in cells.items()}
+    out["hybrid"] = _hybrid_summary(rows, samples, boot)
+    return out
+
+
+def _hybrid_summary(rows: list[dict], samples: _Samples, boot: dict) -> dict:
+    """``{length: {method: {...}}}`` for runs with hybrid specs: the S-NIAH-1/2/3 average, its recovery
+    vs full (paired), and the KV bytes the rows recorded (analytic, batch 1) as a share of full's."""
+    methods = {r["method"] for r in rows if r.get("task") in NIAH_TASKS}
+    hybrids = set()
+    for m in methods:
+        try:
+            if parse_spec(m).is_hybrid:
+                hybrids.add(m)
+        except ValueError:
+            continue
+    if not hybrids:
+        return {}
+    kv: dict = {}
+    for r in rows:
+        if r.get("task") in NIAH_TASKS and isinstance(r.get("kv_bytes"), int):
+            kv[(r["method"], r["length"])] = r["kv_bytes"]
+    tasks = tuple(t for t in NIAH_TASKS if t in samples.by)
+    compared = {m for m in methods if m in hybrids or m == "full"}
+    compared |= {str(parse_spec(h).base) for h in hybrids if str(parse_spec(h).base) in methods}
+    out: dict = {}
+    lengths = sorted({r["length"] for r in rows if r.get("task") in NIAH_TASKS})
+    for L in lengths:
+        by_m = {}
+        for m in _order_methods(compared):
+            cells = samples.cells(tasks, m, [L])
+            if not cells:
+                continue
+            spec = parse_spec(m)
+            entry = {
+                "avg": _iv(_average_interval(cells, boot), 100.0, key="mean"),
+                "units": len(spec.full_layers) + len(spec.full_heads),
+                "tasks": len(cells),
+                "kv_bytes": kv.get((m, L)),
+            }
+            full_kv = kv.get(("full", L))
+            if entry["kv_bytes"] is not None and full_kv:
+                entry["kv_share"] = entry["kv_bytes"] / full_kv
+            if m != "full":
+                ca, cb = samples.paired(tasks, m, "full", [L])
+                if ca:
+                    entry["recovery"] = _iv(paired_bootstrap_ratio(ca, cb, **boot), 100.0)
+            by_m[m] = entry
+        out[L] = by_m
     return out
 
 
@@ -504,6 +559,39 @@ def _swa_lolcats_section(s: dict) -> list[str]:
                 lines.append(
                     f"| {TASK_TITLES[fam].split(' (')[0]}, paper (Llama-3.1-8B) | " + " | ".join(cells) + " |"
                 )
+        lines.append("")
+    return lines
+
+
+def _hybrid_section(s: dict) -> list[str]:
+    """Hybrid specs (a few layers or KV heads keep full attention): S-NIAH average, recovery, KV bytes."""
+    hyb = s.get("hybrid") or {}
+    if not hyb:
+        return []
+    lines = [
+        "## Hybrid specs: a few layers keep full attention (beyond the paper)",
+        "",
+        "S-NIAH-1/2/3 average on the same samples (95% interval; n = samples over the tasks); recovery = "
+        "hybrid ÷ full attention, paired bootstrap; KV = analytic bytes of the attention state at that "
+        "context (batch 1) and its share of full attention's. Which units stay full is chosen without "
+        "training (`sinkwindow calibrate` / `tune`, on calibration prompts that share no seed with these).",
+        "",
+    ]
+    for L, by_m in sorted(hyb.items()):
+        lines += [
+            f"**{_len_label(L)}**",
+            "",
+            "| method | full units | KV bytes | KV share of full | S-NIAH avg | recovery vs full |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m, e in by_m.items():
+            kv = e.get("kv_bytes")
+            kv_txt = f"{kv / 2**20:.1f} MiB" if kv else "–"
+            share = f"{100 * e['kv_share']:.1f}%" if "kv_share" in e else "–"
+            rec = _fmt_iv(e.get("recovery"), "estimate", digits=0, unit="%") if "recovery" in e else "–"
+            units = "all" if m == "full" else str(e["units"])
+            avg = f"{_fmt_iv(e['avg'])} <sub>n={e['avg']['n']}</sub>"
+            lines.append(f"| `{m}` | {units} | {kv_txt} | {share} | {avg} | {rec} |")
         lines.append("")
     return lines
 
@@ -759,6 +847,7 @@ def markdown_report(
         "",
     ]
     lines += _swa_lolcats_section(s)
+    lines += _hybrid_section(s)
     lines += _differences_section(s)
     for title, fname in plots[:1]:
         lines += [f"![{title}]({fname})", ""]

@@ -546,6 +546,23 @@ def test_batch_size_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path)
     ]
 
 
+def test_a_device_map_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path):
+    """A model placed by accelerate (here: layers offloaded to disk, streamed in by hooks) resumes the
+    same folder, and a fresh run gives the same rows: the map is placement, not a setting."""
+    offload = {"model.embed_tokens": "disk", "model.layers.0": "cpu", "model.layers.1": "disk",
+               "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "disk"}  # fmt: skip
+    out = _copy(piqa_run, tmp_path)
+    before = (out / "results.jsonl").read_text()
+    again = _piqa(tiny_model_dir, fixtures, out, device_map=offload)
+    assert (out / "results.jsonl").read_text() == before and len(again) == 2
+    fresh = _piqa(tiny_model_dir, fixtures, tmp_path / "fresh", device_map=offload)
+    timing = ("seconds", "time")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in fresh] == [
+        {k: v for k, v in r.items() if k not in timing} for r in again
+    ]
+    assert json.loads((tmp_path / "fresh" / "config.json").read_text())["device_map"] == offload
+
+
 def test_lm_eval_damaged_lines_are_skipped_and_a_torn_pair_reruns(
     piqa_run, fixtures, tiny_model_dir, tmp_path, caplog
 ):

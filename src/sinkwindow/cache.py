@@ -250,7 +250,12 @@ class SinkWindowLayer(DynamicLayer):
             full_keys = torch.cat([self.keys, stored], dim=-2)
         full_values = torch.cat([self.values, value_states], dim=-2)
         out_values = full_values
-        full_pos = None if self.positions is None else torch.cat([self.positions, plan.q_pos], dim=1)
+        full_pos = (
+            None
+            if self.positions is None
+            # The plan lives on the input device; a layer of a dispatched model may sit on another.
+            else torch.cat([self.positions, plan.q_pos.to(self.positions.device)], dim=1)
+        )
         if self._wants_copies(plan):
             ck, cv = self._sink_copies(full_keys, full_values, full_pos, plan)
             out_keys = torch.cat([out_keys, ck], dim=-2)

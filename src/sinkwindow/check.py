@@ -51,7 +51,7 @@ from .patch import (
     native_sliding_layers,
     text_config,
 )
-from .prefill import prefill
+from .prefill import input_device, prefill
 from .reference import reference_logits
 from .spec import MethodSpec, parse_spec
 
@@ -504,8 +504,7 @@ def check_model(
     decode_steps = min(MAX_DECODE_STEPS, max(1, (length - spec.window) // 2))
     dtype = next(model.parameters()).dtype
     rel = TOLERANCES.get(dtype, 1e-2)
-    device = next(model.parameters()).device
-    ids = _random_ids(model, length, seed, device)
+    ids = _random_ids(model, length, seed, input_device(model))
 
     prior = active_spec(model)
     prior_native = active_native_sliding(model)

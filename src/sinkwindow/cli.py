@@ -22,6 +22,7 @@ _PROVIDERS = (
     "sinkwindow.eval.cli",
     "sinkwindow.bench.cli",
     "sinkwindow.linear.cli",
+    "sinkwindow.tuning.cli",
 )
 
 
@@ -93,8 +94,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     # Bad options fail before the model loads (seconds to a minute for a GGUF).
     spec = validate_options(args.method, args.seq_len, args.layers)
-    device = cli_args.resolve_device(args.device)
-    model, _ = sinkwindow.load(args.model, dtype=getattr(torch, args.dtype), device=device)
+    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
+    placement = {"device_map": device_map} if device_map is not None else {"device": device or "cpu"}
+    model, _ = sinkwindow.load(args.model, dtype=getattr(torch, args.dtype), **placement)
     report = check_model(
         model, spec, seq_len=args.seq_len, layers=args.layers, native_sliding=args.native_sliding,
         seed=args.seed, name=args.model,
@@ -183,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--native-sliding", choices=("override", "keep"), default="override")
     cli_args.add_dtype(p)
-    cli_args.add_device(p)
+    cli_args.add_device(p, None, shown="cpu")
+    cli_args.add_device_map(p)
     cli_args.add_seed(p, 0, help="seed of the random token ids")
     p.set_defaults(func=_cmd_check)
 

@@ -25,7 +25,7 @@ from transformers.masking_utils import create_masks_for_generate
 from .cache import SinkWindowCache
 from .masks import token_positions
 from .patch import active_native_sliding, active_spec, apply, check_positions, make_cache
-from .prefill import prefill
+from .prefill import input_device, prefill
 from .static_cache import StaticSinkWindowCache
 
 __all__ = ["generate", "DecodeStep", "decode_speed", "select_next"]
@@ -199,7 +199,7 @@ def generate(
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     if pad_token_id is None:
         pad_token_id = eos[0] if eos else 0
-    device = next(model.parameters()).device
+    device = input_device(model)
     input_ids = input_ids.to(device)
     logits, cache = prefill(
         model, input_ids, chunk_size=chunk_size, cache=cache, attention_mask=attention_mask
@@ -278,7 +278,7 @@ def decode_speed(
             raise ValueError(
                 "decode_speed times the sink-window static cache: pass a spec such as 'swa:256:4'"
             )
-        device = next(model.parameters()).device
+        device = input_device(model)
         g = torch.Generator().manual_seed(seed)
         vocab = model.config.get_text_config(decoder=True).vocab_size
         prompt = torch.randint(1, vocab, (batch_size, context), generator=g).to(device)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -33,11 +35,17 @@ __all__ = [
     "resolve_gguf",
     "list_models",
     "cache_root",
+    "DEVICE_MAP_STRATEGIES",
+    "load_device_map",
+    "accelerate_available",
 ]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
+# What transformers' from_pretrained (through accelerate) accepts as a device map by name.
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+_MAP_DEVICE_RE = re.compile(r"cpu|disk|mps|(cuda|xpu)(:[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -153,23 +161,35 @@ def _converted_dir(gguf: Path) -> Path:
     return cache_root() / "converted" / f"{gguf.stem}-{key}"
 
 
-def _load_gguf(gguf: Path, dtype: torch.dtype):
-    """Load a GGUF file through transformers, via the safetensors conversion cache."""
+def _load_gguf(gguf: Path, dtype: torch.dtype, device_map: str | dict | None = None):
+    """Load a GGUF file through transformers, via the safetensors conversion cache.
+
+    With ``device_map`` the model is placed from the converted safetensors (written first when
+    missing): accelerate places and offloads layers from safetensors files, and the saved copy is
+    what every later load reads anyway.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = _converted_dir(gguf)
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(target)
-        return model, tokenizer
-
-    logger.warning("de-quantising %s once (about 20-60 s); later loads use %s", gguf.name, target)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    try:
-        _save_converted(model, tokenizer, target)
-    except OSError as err:  # a read-only cache must not stop the run
-        logger.warning("could not cache the converted model in %s: %s", target, err)
+    if not ((target / "config.json").exists() and (target / "model.safetensors").exists()):
+        logger.warning("de-quantising %s once (about 20-60 s); later loads use %s", gguf.name, target)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        try:
+            _save_converted(model, tokenizer, target)
+        except OSError as err:  # a read-only cache must not stop the run
+            if device_map is not None:
+                raise PermissionError(
+                    f"--device-map places a GGUF model from its converted copy, which could not be written to "
+                    f"{target} ({err}): set SINKWINDOW_CACHE to a writable folder, or drop --device-map"
+                ) from err
+            logger.warning("could not cache the converted model in %s: %s", target, err)
+            return model, tokenizer
+        if device_map is None:
+            return model, tokenizer
+        del model
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, device_map=device_map)
+    tokenizer = AutoTokenizer.from_pretrained(target)
     return model, tokenizer
 
 
@@ -193,7 +213,7 @@ def _save_converted(model, tokenizer, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_hub(repo_id: str, dtype: torch.dtype, offline: bool):
+def _load_hub(repo_id: str, dtype: torch.dtype, offline: bool, device_map: str | dict | None = None):
     """A hub model: from the local hub cache when offline (no request at all), else through the hub.
 
     Offline, the snapshot is resolved on disk first and loaded as a folder: transformers still
@@ -205,7 +225,7 @@ def _load_hub(repo_id: str, dtype: torch.dtype, offline: bool):
 
     try:
         source = snapshot_download(repo_id, local_files_only=True) if offline else repo_id
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         if offline:
@@ -221,11 +241,12 @@ def load(
     name: str = DEFAULT_MODEL,
     method: str | None = None,
     *,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
     checkpoint: str | os.PathLike | None = None,
     offline: bool | None = None,
+    device_map: str | dict | os.PathLike | None = None,
 ):
     """Load ``(model, tokenizer)`` by registry name, hub id, local folder or ``.gguf`` path.
 
@@ -235,15 +256,26 @@ def load(
         method: optional spec to apply right away (``"swa:64:4"``). Linear baselines use the
             adapter shipped for a packaged model (``lolcats:256`` on ``smollm2-135m``) unless a
             training ``checkpoint`` is given.
+        device: where the whole model goes (default ``cpu``); not with ``device_map``.
         offline: forbid network access for hub ids (default: only when ``HF_HUB_OFFLINE=1``).
             Packaged models, folders and ``.gguf`` paths never touch the network; a hub id loads
             from the local hub cache when offline, else downloads when it must.
+        device_map: let accelerate place the layers (``from_pretrained(device_map=...)``), for a
+            model larger than one device: ``auto``, ``balanced``, ``balanced_low_0``,
+            ``sequential``, a ``{module: device}`` dict or the path of a JSON file holding one
+            (:func:`load_device_map`). When accelerate dispatched the model (several devices, or
+            offloaded weights), its ``hf_device_map`` says where each layer went; inputs go to
+            ``sinkwindow.prefill.input_device(model)``. Needs ``accelerate``.
 
     Raises:
         FileNotFoundError / ValueError: naming the fix (the pip command for packaged models, the
-            known names for unknown ones).
+            known names for unknown ones, ``device`` and ``device_map`` both given).
+        ModuleNotFoundError: ``device_map`` without accelerate (names the pip command).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device_map is not None:
+        device_map = _check_device_map(device_map, device)
 
     if offline is None:
         offline = os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
@@ -253,20 +285,20 @@ def load(
         )
     path = Path(name).expanduser()
     if name in PACKAGED_MODELS:
-        model, tokenizer = _load_gguf(resolve_gguf(name), dtype)
+        model, tokenizer = _load_gguf(resolve_gguf(name), dtype, device_map)
     elif path.suffix == ".gguf":
         if not path.exists():
             raise FileNotFoundError(f"no GGUF file at {path}")
-        model, tokenizer = _load_gguf(path, dtype)
+        model, tokenizer = _load_gguf(path, dtype, device_map)
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"{path} is a folder but holds no model (no config.json): pass a saved model folder"
             )
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(path)
     elif "/" in name and not path.exists():
-        model, tokenizer = _load_hub(name, dtype, offline)
+        model, tokenizer = _load_hub(name, dtype, offline, device_map)
     else:
         known = ", ".join(PACKAGED_MODELS)
         raise ValueError(
@@ -275,7 +307,9 @@ def load(
         )
     if attn_implementation:
         model.set_attn_implementation(attn_implementation)
-    model = model.to(device).eval()
+    if device_map is None:
+        model = model.to(device or "cpu")
+    model = model.eval()  # a dispatched model stays where accelerate put it: .to() would undo that
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     from .switch import MODEL_NAME_ATTR, use_method
@@ -284,6 +318,71 @@ def load(
     if method is not None:
         model = use_method(model, method, checkpoint=checkpoint)
     return model, tokenizer
+
+
+def accelerate_available() -> bool:
+    """Whether ``accelerate`` can be imported (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec("accelerate") is not None
+    except (ImportError, ValueError):  # sys.modules["accelerate"] = None: importing it would fail
+        return False
+
+
+def load_device_map(value) -> str | dict[str, int | str]:
+    """A device map for transformers' ``from_pretrained``: a strategy name, or ``{module: device}``.
+
+    ``value`` is a strategy (``DEVICE_MAP_STRATEGIES``), a dict, or the path of a JSON file holding
+    one. Module names are the model's (``model.layers.0``, ``lm_head``; ``""`` is the whole model);
+    devices are GPU indices (``0``), ``cuda:N``, ``cpu``, ``disk`` or ``mps``. A file is read here,
+    so the run records the map itself, not a path whose contents may change.
+
+    Raises:
+        ValueError: anything else, naming what is accepted.
+    """
+    if isinstance(value, str) and value.strip().lower() in DEVICE_MAP_STRATEGIES:
+        return value.strip().lower()
+    if not isinstance(value, dict):
+        path = Path(str(value)).expanduser()
+        if not path.is_file():
+            raise ValueError(
+                f"device map {str(value)!r} is neither {', '.join(DEVICE_MAP_STRATEGIES)} nor a JSON file: "
+                f'give a strategy, or a file such as {{"model.layers.0": 0, "lm_head": "cpu"}}'
+            )
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"device map file {path} is not readable JSON ({err})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"device map file {path} must hold one JSON object {{module: device}}")
+    if not value:
+        raise ValueError('the device map is empty: map module names to devices, e.g. {"": 0}')
+    out: dict[str, int | str] = {}
+    for module, where in value.items():
+        ok = (isinstance(where, int) and not isinstance(where, bool) and where >= 0) or (
+            isinstance(where, str) and _MAP_DEVICE_RE.fullmatch(where.strip().lower())
+        )
+        if not isinstance(module, str) or not ok:
+            raise ValueError(
+                f"device map entry {module!r}: {where!r} is not a device: use a GPU index (0), cuda:N, cpu, "
+                f"disk or mps"
+            )
+        out[module] = where if isinstance(where, int) else where.strip().lower()
+    return out
+
+
+def _check_device_map(device_map, device) -> str | dict:
+    """``device_map`` as from_pretrained takes it, once accelerate and the arguments allow it."""
+    if device is not None:
+        raise ValueError(
+            f"device={str(device)!r} and device_map={device_map!r} both given: drop device "
+            f"(the device map decides where each layer goes)"
+        )
+    if not accelerate_available():
+        raise ModuleNotFoundError(
+            "device_map (--device-map) needs accelerate, which is not installed: pip install accelerate",
+            name="accelerate",
+        )
+    return load_device_map(device_map)
 
 
 def list_models() -> list[dict]:

@@ -25,9 +25,42 @@ from .cache import SinkWindowCache
 from .masks import token_positions
 from .patch import active_spec, make_cache, text_config
 
-__all__ = ["prefill", "PrefillResult", "check_context"]
+__all__ = ["prefill", "PrefillResult", "check_context", "input_device"]
 
 logger = logging.getLogger(__name__)
+
+
+def _hook_device(module: torch.nn.Module) -> torch.device | None:
+    """The ``execution_device`` of accelerate's hook on ``module`` (``None``: no such hook)."""
+    hook = getattr(module, "_hf_hook", None)
+    for h in getattr(hook, "hooks", [hook]):  # several hooks come as one SequentialHook
+        where = getattr(h, "execution_device", None)
+        if where is not None:
+            return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+    return None
+
+
+def input_device(model: PreTrainedModel) -> torch.device:
+    """Where a forward's ``input_ids`` go: the device the input embeddings compute on.
+
+    On one device that is the embedding weight's. On a model accelerate dispatched
+    (``device_map``), an offloaded embedding weight is on ``meta`` until its hook streams it in, so
+    the hook's ``execution_device`` decides: the embedding's own, else that of the closest module
+    above it that has one. The layers' hooks move activations between devices from there.
+    """
+    embeddings = model.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    found = _hook_device(embeddings)
+    if found is None and (weight is None or weight.device.type == "meta"):
+        path = next((name for name, m in model.named_modules() if m is embeddings), "")
+        parts = path.split(".") if path else []
+        for k in range(len(parts) - 1, -1, -1):  # "model.embed_tokens" -> "model" -> ""
+            found = _hook_device(model.get_submodule(".".join(parts[:k])))
+            if found is not None:
+                break
+    if found is not None:
+        return found
+    return weight.device if weight is not None else next(model.parameters()).device
 
 
 @dataclass
@@ -136,7 +169,7 @@ def prefill(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n, desc="prefill", unit="tok", leave=False)
-    device = next(model.parameters()).device
+    device = input_device(model)
     for start in range(0, n, chunk_size):
         chunk = input_ids[:, start : start + chunk_size].to(device)
         keep = None if (return_logits == "all" or on_chunk is not None) else 1

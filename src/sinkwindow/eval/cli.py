@@ -117,6 +117,7 @@ def _add_common(
         help="SWA on models with native sliding layers: every layer, or global layers only",
     )
     cli_args.add_device(p, None, shown="cpu")
+    cli_args.add_device_map(p)
     cli_args.add_dtype(p, None, shown="float32")
     p.add_argument(
         "--batch-size",
@@ -218,6 +219,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         or {"niah": list(NIAH_TASKS), "babilong": list(BABILONG_TASKS), "ppl": ["ppl"]}[args.family]
     )
     methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
+    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
     lengths = args.lengths
     cfg = EvalConfig(
         model=args.model,
@@ -235,7 +237,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         checkpoints=checkpoints,
         babilong_facts=getattr(args, "babilong_facts", "real"),
         babilong_data=getattr(args, "babilong_data", None),
-        device=args.device and cli_args.resolve_device(args.device),
+        device=device,
+        device_map=device_map,
         dtype=args.dtype,
         batch_size=args.batch_size,
         workers=args.workers,
@@ -286,6 +289,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
     methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, methods)
+    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
     sizes = dict(COMPARE_SIZES[size])
     if args.samples is not None:
         sizes["samples"] = args.samples
@@ -298,7 +302,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         checkpoints=checkpoints,
         babilong_facts=args.babilong_facts,
         babilong_data=args.babilong_data,
-        device=args.device and cli_args.resolve_device(args.device),
+        device=device,
+        device_map=device_map,
         dtype=args.dtype,
         batch_size=args.batch_size,
         workers=args.workers,
@@ -323,7 +328,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     scheduled = cfg.workers is not None or cfg.ray is not None
     model_tok = None
     if not scheduled or args.short_data:
-        model_tok = load(cfg.model, device=cfg.device or "cpu", dtype=getattr(torch, cfg.dtype or "float32"))
+        placement = (
+            {"device_map": cfg.device_map} if cfg.device_map is not None else {"device": cfg.device or "cpu"}
+        )
+        model_tok = load(cfg.model, dtype=getattr(torch, cfg.dtype or "float32"), **placement)
     store = _run_scheduled(cfg, out, args, model_tok)
     extra = []
     if args.short_data:

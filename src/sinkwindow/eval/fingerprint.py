@@ -17,6 +17,9 @@ In (the keys of the settings dict):
   a hub id (the loaded model's commit, else the local hub cache's ``main``, else ``unknown``);
   ``unknown`` for any other name (an in-memory model handed to ``run_eval``: only its name counts).
 - ``dtype`` (of the parameters) and ``device`` (the kind: ``cpu``, ``cuda``, ``mps``; not the index).
+  A device map counts as the kind of device it computes on (:func:`device_map_kind`), never as
+  the map: where each layer sits changes memory, not results (every layer runs the same kernels
+  in the same dtype, and offloaded weights are copied in unchanged).
 - ``chunk_size``, ``native_sliding``, ``seed``.
 - ``sinkwindow``: the version that generated the samples and scored them.
 - Task parameters, applying only to rows of their tasks: ``niah_max_new_tokens`` (S-NIAH),
@@ -217,11 +220,19 @@ def model_identity(name: str, model=None) -> str:
 
 
 def _param_dtype_device(model) -> tuple[str, str] | None:
+    """``(dtype, device kind)`` of a loaded model; the kind is where its inputs go, so a dispatched
+    model whose first weights are offloaded (``meta``) still counts as the device it computes on."""
+    from ..prefill import input_device
+
     try:
         p = next(model.parameters())
     except (AttributeError, StopIteration):
         return None
-    return str(p.dtype).removeprefix("torch."), p.device.type
+    try:
+        kind = input_device(model).type
+    except (AttributeError, NotImplementedError):  # no input embeddings to ask
+        kind = p.device.type
+    return str(p.dtype).removeprefix("torch."), kind
 
 
 def device_kind(device: str | None) -> str:
@@ -233,6 +244,30 @@ def device_kind(device: str | None) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(device).type
+
+
+def device_map_kind(device_map: str | Mapping | None) -> str:
+    """The kind of device a model placed by ``device_map`` computes on: what the fingerprint records.
+
+    A strategy (``auto``, ``balanced`` ...) fills the GPUs first, so it is ``cuda`` where there is
+    one (else ``mps``, else ``cpu``). In a ``{module: device}`` map, ``cpu`` and ``disk`` entries
+    are offloaded weights that run on the map's first accelerator, so the kind is that
+    accelerator's (a GPU index is ``cuda``), or ``cpu`` when the map names none.
+    """
+    import torch
+
+    if device_map is None:
+        return "cpu"
+    if isinstance(device_map, str):
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    for where in device_map.values():
+        if isinstance(where, int):
+            return "cuda"
+        if str(where) not in ("cpu", "disk"):
+            return torch.device(str(where)).type
+    return "cpu"
 
 
 def _checkpoint_file(config, method: str) -> Path | None:
@@ -269,7 +304,8 @@ def run_settings(config, model=None) -> dict[str, Any]:
     from ..spec import parse_spec
 
     dtype = config.dtype or "float32"
-    device = device_kind(config.device)
+    device_map = getattr(config, "device_map", None)
+    device = device_kind(config.device) if device_map is None else device_map_kind(device_map)
     seen = _param_dtype_device(model) if model is not None else None
     if seen is not None:
         if config.dtype is not None and seen[0] != config.dtype:

@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..linear.adapters import shipped_adapter
-from ..models import load
+from ..models import load, load_device_map
 from ..patch import make_cache
-from ..prefill import prefill
+from ..prefill import input_device, prefill
 from ..spec import parse_spec
 from ..switch import use_method
-from .fingerprint import row_fingerprint, run_settings
+from .fingerprint import device_map_kind, row_fingerprint, run_settings
 from .results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
 from .scheduler import (
     Cell,
@@ -96,6 +96,12 @@ class EvalConfig:
             float32, or the given model's own dtype (a given model must match a dtype that is set).
         device: where the runner puts the model it loads (``cpu``, ``cuda``, ``cuda:1``, ``auto``);
             ``None``: cpu, or wherever the given model is.
+        device_map: instead of ``device``, let accelerate place the layers of the model the runner
+            loads (``sinkwindow.load(device_map=...)``), for a model larger than one GPU: ``auto``,
+            ``balanced``, ``balanced_low_0``, ``sequential`` or a ``{module: device}`` dict (a JSON
+            file's path is read into one here, so ``config.json`` records the map itself). Every
+            worker loads with the same map. In the fingerprint only as the device kind it computes
+            on (``fingerprint.device_map_kind``): placement does not change results.
         batch_size: samples of one (task, length, method) decoded as one left-padded batch;
             ``None``: ``DEFAULT_BATCH`` for the device (linear baselines and perplexity always run
             one at a time). Not part of the run's fingerprint: it must not change results.
@@ -125,6 +131,7 @@ class EvalConfig:
     babilong_data: str | None = None
     dtype: str | None = None
     device: str | None = None
+    device_map: str | dict | None = None
     batch_size: int | None = None
     workers: int | str | None = None
     ray: str | bool | None = None
@@ -139,6 +146,12 @@ class EvalConfig:
                 raise ValueError(
                     f"unknown device {self.device!r}: use cpu, cuda, cuda:N, mps or auto"
                 ) from None
+        if self.device_map is not None:
+            if self.device is not None:
+                raise ValueError(
+                    "device and device_map both set: drop device (the device map decides where each layer goes)"
+                )
+            self.device_map = load_device_map(self.device_map)
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         if self.workers not in (None, "auto") and (
@@ -345,9 +358,12 @@ def default_batch_size(config: EvalConfig, model=None) -> int:
     """``config.batch_size``, else ``DEFAULT_BATCH`` for the device of ``model`` (or of the config)."""
     if config.batch_size:
         return config.batch_size
-    kind = (
-        next(model.parameters()).device.type if model is not None else torch.device(_load_device(config)).type
-    )
+    if model is not None:
+        kind = input_device(model).type
+    elif config.device_map is not None:
+        kind = device_map_kind(config.device_map)
+    else:
+        kind = torch.device(_load_device(config)).type
     return DEFAULT_BATCH.get(kind, 1)
 
 
@@ -480,10 +496,14 @@ def _restore_full(model_and_tokenizer: tuple, state: dict) -> None:
 
 
 def _loader(config: EvalConfig):
-    """``() -> (model, tokenizer)`` loading ``config.model`` as the serial path does; picklable."""
-    return functools.partial(
-        load, config.model, device=_load_device(config), dtype=getattr(torch, config.dtype or "float32")
-    )
+    """``() -> (model, tokenizer)`` loading ``config.model`` as the serial path does; picklable.
+
+    A device map travels as it is (a strategy or a dict), so each worker places its copy the same way.
+    """
+    dtype = getattr(torch, config.dtype or "float32")
+    if config.device_map is not None:
+        return functools.partial(load, config.model, device_map=config.device_map, dtype=dtype)
+    return functools.partial(load, config.model, device=_load_device(config), dtype=dtype)
 
 
 def run_eval(
@@ -663,7 +683,7 @@ def _run_samples(
 ) -> list[dict]:
     """Rows of several samples of one (task, length, method), decoded as one batch."""
     prepared = [_prepare_sample(tokenizer, task, s, config) for s in samples]
-    device = next(model.parameters()).device
+    device = input_device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     preds = greedy_generate_batch(
         model,

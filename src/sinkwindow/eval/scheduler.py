@@ -43,6 +43,7 @@ __all__ = [
     "RayScheduler",
     "make_scheduler",
     "available_cores",
+    "gpus_needed",
     "RAY_EXTRA",
 ]
 
@@ -432,6 +433,29 @@ def _ray_cell(job: CellJob, cell: Cell, threads: int) -> list[dict]:
     return job.cell_fn(job.config, cell, _RAY_WORKER["mt"], _RAY_WORKER["state"])
 
 
+def gpus_needed(device: str | None, device_map: str | dict | None = None) -> int:
+    """GPUs one model copy needs, for a Ray task's ``num_gpus``.
+
+    ``device``: 1 for cuda, else 0. A ``{module: device}`` map: its highest GPU index + 1 (a task
+    with k GPUs sees them as 0 .. k-1, so that is what the map can name). A strategy (``auto`` ...)
+    spreads over every GPU the worker sees: as many as this machine has, since Ray cannot ask for
+    "all of a node's"; give a map, or ``RayScheduler(num_gpus=...)``, to ask for another count.
+    """
+    if device_map is None:
+        return 1 if str(device or "cpu").startswith("cuda") else 0
+    if isinstance(device_map, str):
+        import torch
+
+        return torch.cuda.device_count()
+    indices = []
+    for where in device_map.values():
+        if isinstance(where, int):
+            indices.append(where)
+        elif str(where).startswith("cuda"):
+            indices.append(int(str(where).partition(":")[2] or 0))
+    return max(indices) + 1 if indices else 0
+
+
 def _import_ray():
     try:
         import ray
@@ -449,8 +473,9 @@ class RayScheduler(Scheduler):
 
     Args:
         address: a Ray address (``ray://host:10001``, ``auto``); ``None``: a local instance.
-        num_cpus, num_gpus: each task's resources; ``num_gpus`` ``None``: 1 when the config's
-            device is cuda, else 0. A task runs with ``max(1, int(num_cpus))`` torch threads.
+        num_cpus, num_gpus: each task's resources; ``num_gpus`` ``None``: what the config's
+            placement needs (:func:`gpus_needed`): 1 when its device is cuda, the GPUs its device
+            map spans, else 0. A task runs with ``max(1, int(num_cpus))`` torch threads.
         max_retries: Ray's retries of a task whose worker died or that raised.
         local_cpus: CPUs of the local instance (``None``: :func:`available_cores`).
         runtime_env: passed to ``ray.init`` (a cluster may need ``working_dir`` or ``pip``).
@@ -482,8 +507,7 @@ class RayScheduler(Scheduler):
     def _gpus(self, config) -> float:
         if self.num_gpus is not None:
             return self.num_gpus
-        device = str(getattr(config, "device", None) or "cpu")
-        return 1 if device.startswith("cuda") else 0
+        return gpus_needed(getattr(config, "device", None), getattr(config, "device_map", None))
 
     def describe(self, n_cells: int) -> str:
         where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"

@@ -159,6 +159,7 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
     tasks = [t for group in args.tasks or [] for t in group] or list(SHORT_TASKS)
     if tasks in (["all"], ["short"]):
         tasks = list(SHORT_TASKS)
+    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
     if args.threads:
         import torch
 
@@ -173,7 +174,8 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
         num_fewshot=args.num_fewshot,
         batch_size=args.batch_size,
         checkpoints=checkpoints or None,
-        device=cli_args.resolve_device(args.device),
+        device=device or "cpu",
+        device_map=device_map,
         dtype=args.dtype,
         max_length=args.max_length,
         max_batch_tokens=args.max_batch_tokens or None,
@@ -234,7 +236,8 @@ def register_lmeval_subcommand(eval_subparsers: argparse._SubParsersAction) -> a
         "--batch-size", type=_batch_size, default="8", help="lm-eval batch size (default: %(default)s)"
     )
     cli_args.add_checkpoint(p)
-    cli_args.add_device(p)
+    cli_args.add_device(p, None, shown="cpu")
+    cli_args.add_device_map(p)
     cli_args.add_dtype(p)
     p.add_argument(
         "--max-length",

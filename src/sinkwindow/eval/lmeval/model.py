@@ -86,7 +86,9 @@ class SinkWindowLM(HFLM):
         method: spec string (``full``, ``swa:64:4``, ``lolcats:64`` ...).
         checkpoint: training checkpoint for the linear-attention baselines.
         tokenizer: tokenizer instance; default: the one :func:`sinkwindow.load` returns.
-        device: ``cpu``/``cuda[:i]``; CUDA falls back to CPU when absent.
+        device: ``cpu``/``cuda[:i]``; CUDA falls back to CPU when absent. Not used with ``device_map``.
+        device_map: let accelerate place the layers (``sinkwindow.load(device_map=...)``):
+            ``auto``, ``balanced``, ``sequential`` ... or ``{module: device}``.
         dtype: ``float32`` (default), ``bfloat16``, ``float16`` or ``auto`` (float32).
         data_dir: ignored here; read by the offline tasks from the task metadata, which lm-eval's
             CLI fills from ``--model_args``, so one ``--model_args`` can carry it.
@@ -105,21 +107,25 @@ class SinkWindowLM(HFLM):
         device: str | None = "cpu",
         dtype: Any = "float32",
         data_dir: str | None = None,
+        device_map: str | dict | None = None,
         max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS,
         **kwargs: Any,
     ) -> None:
         import sinkwindow
 
         del data_dir
-        device = resolve_device(device)
+        # The map decides where each layer goes; HFLM then feeds inputs to model.device.
+        placement = (
+            {"device_map": device_map} if device_map is not None else {"device": resolve_device(device)}
+        )
         method = str(sinkwindow.parse_spec(method or "full"))
         if isinstance(pretrained, str):
             model, loaded_tok = sinkwindow.load(
                 pretrained,
                 method=method,
                 checkpoint=checkpoint,
-                device=device,
                 dtype=resolve_dtype(dtype),
+                **placement,
             )
             if tokenizer is None or isinstance(tokenizer, str):
                 if isinstance(tokenizer, str):
@@ -137,6 +143,11 @@ class SinkWindowLM(HFLM):
             if kwargs.pop(key, None) not in (None, False, "causal", "default"):
                 raise ValueError(f"SinkWindowLM does not support {key}")
         super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", **kwargs)
+        if getattr(model, "hf_device_map", None):
+            from sinkwindow.prefill import input_device
+
+            # HFLM sends inputs to model.device, the first weight's, which is meta when offloaded.
+            self._device = input_device(model)
         self.method = method
         self.max_batch_tokens = int(max_batch_tokens) if max_batch_tokens else None
 

@@ -178,6 +178,7 @@ def run_lmeval(
     batch_size: int | str = 8,
     checkpoints: Mapping[str, str] | str | None = None,
     device: str = "cpu",
+    device_map: str | dict | None = None,
     dtype: str = "float32",
     max_length: int | None = None,
     max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS,
@@ -213,6 +214,9 @@ def run_lmeval(
         max_batch_tokens: also cap batch size x prompt length (long 5-shot MMLU prompts); ``None``:
             off. Not part of the fingerprint either.
         checkpoints: ``{method: path}`` for linear baselines, or one path for all of them.
+        device_map: let accelerate place the model's layers instead of ``device`` (which is then
+            not used): ``auto``, ``balanced``, ``sequential`` ... or ``{module: device}``
+            (``sinkwindow.load``). The fingerprint records only the device kind it computes on.
         resume: ``False`` reruns pairs already in the folder (their new rows are appended; the
             table uses the latest). The settings are checked all the same.
         new_run: move the folder's rows, config, fingerprint and reports to ``previous-<time>/``
@@ -266,7 +270,14 @@ def run_lmeval(
         plan.append((name, lm_task, shots, _limit_for(limit, name), files))
 
     given = model_and_tokenizer[0] if model_and_tokenizer is not None else None
-    if given is None:
+    if device_map is not None:
+        from sinkwindow.models import load_device_map
+
+        from ..fingerprint import device_map_kind
+
+        device_map = load_device_map(device_map)
+        device = device_map_kind(device_map)  # placement does not change results: only the kind counts
+    elif given is None:
         device = resolve_device(device)
     settings = lmeval_settings(
         model_name,
@@ -290,6 +301,7 @@ def run_lmeval(
         model_and_tokenizer=model_and_tokenizer,
         lm_kwargs={"batch_size": batch_size, "max_length": max_length, "max_batch_tokens": max_batch_tokens},
         device=device,
+        device_map=device_map,
         dtype=dtype,
         bootstrap_iters=bootstrap_iters,
     )
@@ -310,6 +322,7 @@ def run_lmeval(
         "max_batch_tokens": max_batch_tokens,
         "max_length": max_length,
         "device": device if given is None else settings["device"],
+        "device_map": device_map if given is None else None,
         "dtype": dtype if given is None else settings["dtype"],
     }
     with RunLock(out):
@@ -338,6 +351,7 @@ class _Pairs:
     model_and_tokenizer: tuple[Any, Any] | None
     lm_kwargs: dict
     device: str
+    device_map: str | dict | None
     dtype: Any
     bootstrap_iters: int
 
@@ -353,7 +367,7 @@ class _Pairs:
         if lm is None:
             return SinkWindowLM(
                 pretrained=self.model_name, method=spec, checkpoint=ckpt, device=self.device,
-                dtype=self.dtype, **self.lm_kwargs,
+                device_map=self.device_map, dtype=self.dtype, **self.lm_kwargs,
             )  # fmt: skip
         if lm.method != spec:
             lm.set_method(spec, ckpt)

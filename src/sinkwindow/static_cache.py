@@ -93,7 +93,7 @@ class StaticSinkWindowLayer(SinkWindowLayer):
         dv = value_states.shape[-1]
         stored = key_states if self.rope is None else self.rope.unrotate(key_states, plan.model_pos)
         if self._is_decode(plan):
-            pos = plan.q_pos  # [B, 1]
+            pos = plan.q_pos.to(self.positions.device)  # [B, 1]; the plan is on the input device
             idx = self._ring_index(pos)
             self.keys.scatter_(2, idx[:, None, :, None].expand(b, h, 1, dk), stored)
             self.values.scatter_(2, idx[:, None, :, None].expand(b, h, 1, dv), value_states)
@@ -108,12 +108,12 @@ class StaticSinkWindowLayer(SinkWindowLayer):
         out_keys = torch.cat([past, key_states], dim=-2)
         out_values = torch.cat([self.values, value_states], dim=-2)
         if self._wants_copies(plan):
-            full_pos = torch.cat([self.positions, plan.q_pos], dim=1)
+            full_pos = torch.cat([self.positions, plan.q_pos.to(self.positions.device)], dim=1)
             ck, cv = self._sink_copies(torch.cat([self.keys, stored], dim=-2), out_values, full_pos, plan)
             out_keys = torch.cat([out_keys, ck], dim=-2)
             out_values = torch.cat([out_values, cv], dim=-2)
         # Survivors: each row's sinks and its last w - s real tokens; the rest go to a scratch slot.
-        qp = plan.q_pos
+        qp = plan.q_pos.to(self.positions.device)
         lo = plan.next_pos.to(qp.device) - (self.window - self.sinks)
         keep = (qp >= 0) & ((qp < self.sinks) | (qp >= lo[:, None]))
         idx = torch.where(keep, self._ring_index(qp.clamp(min=0)), self.window)

@@ -1,0 +1,84 @@
+"""Training-free hybrids: which layers (or KV heads) keep full attention on top of SWA(W, S).
+
+Sits above ``eval`` and ``bench`` (it scores candidates with the evaluation runner and prices them
+with ``bench.memory``); nothing in the core, ``eval`` or ``bench`` imports it.
+
+    >>> from sinkwindow.tuning import calibrate, tune
+    >>> res = calibrate(model, tok, "swa:256:4", k=6)            # per-layer scores, the top 6 kept full
+    >>> res.spec                                                   # 'swa:256:4+full:...'
+    >>> best = tune(model, tok, kv_budget_bytes=24 * 2**20, context=4096)
+
+- ``calibrate``: scores every unit by the NLL gain it gives when it alone is full (``nll``), by the
+  attention mass it puts outside the window under full attention (``mass``), or by both ranks
+  (``rank``), on S-NIAH prompts of a calibration seed no evaluation uses, and keeps the top K.
+- ``tune``: searches W, S, K (and the units) under a KV-memory budget at one context, writes the
+  Pareto frontier, and checks the winner on held-out samples of another seed.
+"""
+
+from .calibrate import (
+    CAL_SEED,
+    CRITERIA,
+    EVAL_SEEDS,
+    UNIT_KINDS,
+    CalibrationPrompt,
+    CalibrationResult,
+    answer_nll,
+    calibrate,
+    calibration_prompts,
+    check_calibration_seed,
+    mass_scores,
+    model_units,
+    nll_scores,
+    parse_unit,
+    plot_scores,
+    rank_scores,
+    select_units,
+    spec_with_units,
+    unit_label,
+)
+from .tune import (
+    HELDOUT_SEED,
+    Candidate,
+    Measurement,
+    TuneResult,
+    measure,
+    pareto_front,
+    plan_candidates,
+    plot_frontier,
+    tune,
+    window_grid,
+    write_tune,
+)
+
+__all__ = [
+    "CAL_SEED",
+    "CRITERIA",
+    "EVAL_SEEDS",
+    "HELDOUT_SEED",
+    "UNIT_KINDS",
+    "CalibrationPrompt",
+    "CalibrationResult",
+    "Candidate",
+    "Measurement",
+    "TuneResult",
+    "answer_nll",
+    "calibrate",
+    "calibration_prompts",
+    "check_calibration_seed",
+    "mass_scores",
+    "measure",
+    "model_units",
+    "nll_scores",
+    "pareto_front",
+    "parse_unit",
+    "plan_candidates",
+    "plot_frontier",
+    "plot_scores",
+    "rank_scores",
+    "select_units",
+    "spec_with_units",
+    "tune",
+    "unit_label",
+    "window_grid",
+    "write_tune",
+]

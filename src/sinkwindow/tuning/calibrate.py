@@ -1,0 +1,692 @@
+"""Score layers (or KV heads) for keeping full attention on top of SWA(W, S), and keep the top K.
+
+A *unit* is a decoder layer (``11``) or one KV head of a layer (``(11, 2)``, spelt ``11.2`` as in
+the spec grammar ``swa:256:4+full:11.2``). Two criteria score every unit, on calibration prompts
+that no evaluation uses (S-NIAH prompts of seed :data:`CAL_SEED`, far from every evaluation seed):
+
+- ``nll``: the NLL gain when that unit *alone* keeps full attention, NLL under ``swa:W:S`` minus
+  NLL under ``swa:W:S+full:<unit>`` (training-free NLL-guided layer selection, arXiv 2606.27791).
+  The NLL is the teacher-forced gold answer's, averaged over its tokens: retrieval is what a
+  window loses, so the loss that matters is the one on the needle's value.
+- ``mass``: under full attention, the attention mass a unit's queries put on keys SWA(W, S) would
+  drop (neither one of the S sinks nor among the W - S most recent), averaged over the last
+  :data:`LAST_QUERIES` query positions and, for a KV head, over the query heads that share it.
+  One full-attention pass gives the mass for every (W, S) at once.
+- ``rank``: the mean of the two ranks (1 = the unit most worth keeping).
+
+:func:`select_units` then keeps the K best units (ties go to the earlier unit, so a seed gives one
+answer), and :func:`spec_with_units` writes the hybrid spec.
+
+Cost: ``nll`` runs the prompts once per unit plus once for the base (31 runs for a 30-layer model);
+``mass`` runs them once in all. Both prefill in chunks through the method's cache, so a long
+prompt never needs more than a chunk's activations and the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..bench.memory import kv_geometry
+from ..patch import make_cache
+from ..prefill import prefill
+from ..spec import MethodSpec, parse_spec
+from ..switch import use_method
+
+__all__ = [
+    "CAL_SEED",
+    "EVAL_SEEDS",
+    "CRITERIA",
+    "UNIT_KINDS",
+    "LAST_QUERIES",
+    "Unit",
+    "CalibrationPrompt",
+    "CalibrationResult",
+    "answer_nll",
+    "calibrate",
+    "calibration_prompts",
+    "check_base_spec",
+    "check_calibration_seed",
+    "mass_scores",
+    "model_units",
+    "nll_scores",
+    "parse_unit",
+    "plot_scores",
+    "rank_scores",
+    "score_units",
+    "select_units",
+    "spec_with_units",
+    "unit_label",
+    "write_calibration",
+]
+
+logger = logging.getLogger(__name__)
+
+# Seed of the calibration prompts. sinkwindow eval and compare default to 42 and people vary it
+# by small amounts; this sits far outside EVAL_SEEDS, so no calibration prompt is an eval prompt.
+CAL_SEED = 7_000_000
+# Seeds reserved for evaluation: calibration and held-out seeds must stay outside them.
+EVAL_SEEDS = range(0, 1_000_000)
+CRITERIA = ("nll", "mass", "rank")
+UNIT_KINDS = ("layer", "head")
+# The last queries of an S-NIAH prompt are the question, the answer prefix and the answer itself:
+# the positions that must reach back to the needle. Earlier queries read the haystack, which is
+# mostly local text, and would drown the retrieval signal in their number.
+LAST_QUERIES = 64
+MASS_ATTENTION = "sinkwindow_mass"
+
+Unit = int | tuple[int, int]
+
+
+# ---------------------------------------------------------------------------- units
+
+
+def unit_label(unit: Unit) -> str:
+    """``11`` -> ``"11"``, ``(11, 2)`` -> ``"11.2"`` (the spec grammar's spelling)."""
+    return str(unit) if isinstance(unit, int) else f"{unit[0]}.{unit[1]}"
+
+
+def parse_unit(text: str) -> Unit:
+    """``"11"`` -> ``11``, ``"11.2"`` -> ``(11, 2)``."""
+    layer, dot, head = str(text).partition(".")
+    return (int(layer), int(head)) if dot else int(layer)
+
+
+def model_units(config, by: str = "layer") -> list[Unit]:
+    """Every unit of a model: its layers ``[0, 1, ...]`` or its KV heads ``[(0, 0), (0, 1), ...]``."""
+    if by not in UNIT_KINDS:
+        raise ValueError(f"units are {' or '.join(UNIT_KINDS)}, got {by!r}")
+    layers, _, kv_heads, _ = kv_geometry(config)
+    if by == "layer":
+        return list(range(layers))
+    return [(layer, h) for layer in range(layers) for h in range(kv_heads)]
+
+
+def spec_with_units(base: MethodSpec | str, units: Sequence[Unit], kv_heads: int | None = None) -> MethodSpec:
+    """``base`` with ``units`` kept full; a layer whose every KV head is named becomes a full layer.
+
+    Args:
+        kv_heads: KV heads per layer (needed only to merge complete layers; ``None``: never merge).
+    """
+    base = parse_spec(base).base
+    layers = sorted(u for u in units if isinstance(u, int))
+    heads = sorted(tuple(u) for u in units if not isinstance(u, int))
+    if kv_heads:
+        by_layer: dict[int, set[int]] = {}
+        for layer, h in heads:
+            by_layer.setdefault(layer, set()).add(h)
+        whole = {layer for layer, hs in by_layer.items() if len(hs) >= kv_heads}
+        layers = sorted(set(layers) | whole)
+        heads = [(layer, h) for layer, h in heads if layer not in whole]
+    return base.with_full(layers=layers, heads=heads)
+
+
+def check_base_spec(method: MethodSpec | str) -> MethodSpec:
+    """The plain ``swa:W:S`` a hybrid is built on; anything else raises ValueError naming the fix."""
+    spec = parse_spec(method)
+    if spec.kind != "swa" or spec.positions != "absolute":
+        raise ValueError(
+            f"hybrids keep some units full on top of swa:W:S (absolute positions), not {spec}: "
+            f"give e.g. --method swa:256:4"
+        )
+    if spec.is_hybrid:
+        raise ValueError(
+            f"{spec} already names full units: give the plain {spec.base} and let calibration choose them"
+        )
+    return spec
+
+
+def check_calibration_seed(seed: int, what: str = "seed") -> int:
+    """Refuse a seed that evaluation uses (``EVAL_SEEDS``): calibration must never see eval prompts."""
+    if seed in EVAL_SEEDS:
+        raise ValueError(
+            f"{what} {seed} is in the range evaluation uses ({EVAL_SEEDS.start}..{EVAL_SEEDS.stop - 1}; "
+            f"sinkwindow eval defaults to 42): calibrating on it would tune on the test set; use a seed "
+            f">= {EVAL_SEEDS.stop}, e.g. the default {CAL_SEED}"
+        )
+    return seed
+
+
+# ---------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class CalibrationPrompt:
+    """One S-NIAH prompt with its gold answer, for teacher forcing.
+
+    Attributes:
+        input_ids: ``[1, n]`` the prompt through the answer prefix, encoded as the eval runner does.
+        answer_ids: ``[1, a]`` the needle's value (with its leading space), which follows it.
+    """
+
+    task: str
+    index: int
+    input_ids: torch.Tensor
+    answer_ids: torch.Tensor
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.shape[1] + self.answer_ids.shape[1])
+
+
+def calibration_prompts(
+    tokenizer, samples: int = 4, length: int = 2048, seed: int = CAL_SEED, tasks: Sequence[str] | None = None
+) -> list[CalibrationPrompt]:
+    """``samples`` S-NIAH prompts of ``length`` tokens (answer budget included), tasks taken in turn.
+
+    Prompt i is sample ``i // len(tasks)`` of task ``tasks[i % len(tasks)]``, each task's samples
+    drawn with ``generate_niah(task, tokenizer, length, count, seed=seed)``.
+    """
+    from ..eval.niah import generate_niah
+    from ..eval.runner import NIAH_TASKS, _encode
+
+    tasks = tuple(tasks or NIAH_TASKS)
+    if samples < 1:
+        raise ValueError(f"give at least one calibration sample, got {samples}")
+    counts = {t: len(range(i, samples, len(tasks))) for i, t in enumerate(tasks)}
+    drawn = {t: generate_niah(t, tokenizer, length, c, seed=seed) for t, c in counts.items() if c}
+    out = []
+    for i in range(samples):
+        task = tasks[i % len(tasks)]
+        s = drawn[task][i // len(tasks)]
+        answer = tokenizer(" " + s.outputs[0], add_special_tokens=False, return_tensors="pt").input_ids
+        out.append(CalibrationPrompt(task, s.index, _encode(tokenizer, s.text, chat_wrapped=False), answer))
+    return out
+
+
+# ---------------------------------------------------------------------------- nll
+
+
+@torch.no_grad()
+def answer_nll(model, prompt: CalibrationPrompt, chunk_size: int = 512) -> float:
+    """Mean NLL (nats) of the gold answer tokens after the prompt, under the model's active method.
+
+    The prompt goes through chunked prefill keeping only the last position's logits (the lm head
+    over every prompt position would cost a fifth of the run), then the answer is teacher-forced
+    through the same cache.
+    """
+    answer = prompt.answer_ids
+    last, cache = prefill(
+        model, prompt.input_ids, chunk_size=chunk_size, cache=make_cache(model), return_logits="last"
+    )
+    logits = [last[:, None]]
+    if answer.shape[1] > 1:
+        rest, _ = prefill(model, answer[:, :-1], chunk_size=chunk_size, cache=cache, return_logits="all")
+        logits.append(rest)
+    lp = F.log_softmax(torch.cat(logits, dim=1)[0].float(), dim=-1)  # [a, vocab]
+    return float(-lp.gather(-1, answer[0].to(lp.device)[:, None]).mean())
+
+
+def _mean_nll(model, spec: MethodSpec, prompts: Sequence[CalibrationPrompt], chunk_size: int, bar) -> float:
+    use_method(model, spec)
+    total = 0.0
+    for p in prompts:
+        total += answer_nll(model, p, chunk_size)
+        if bar is not None:
+            bar.update(1)
+    return total / len(prompts)
+
+
+def nll_scores(
+    model,
+    base: MethodSpec | str,
+    prompts: Sequence[CalibrationPrompt],
+    units: Sequence[Unit],
+    *,
+    chunk_size: int = 512,
+    bar=None,
+) -> tuple[float, list[float]]:
+    """NLL gain of each unit kept full alone: ``nll(base) - nll(base+full:unit)``.
+
+    Leaves the model in full attention.
+
+    Returns:
+        ``(nll of base, [gain per unit])``, nats per answer token, averaged over prompts.
+    """
+    base = check_base_spec(base)
+    try:
+        ref = _mean_nll(model, base, prompts, chunk_size, bar)
+        gains = [ref - _mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar) for u in units]
+    finally:
+        use_method(model, "full")
+    return ref, gains
+
+
+# ---------------------------------------------------------------------------- mass
+
+
+class _MassCapture:
+    """Out-of-window attention mass per (window, layer, KV head), summed over the counted queries."""
+
+    def __init__(self, layers: int, kv_heads: int, windows: Sequence[tuple[int, int]], inner):
+        self.windows = list(windows)
+        self.sums = torch.zeros(len(self.windows), layers, kv_heads, dtype=torch.float64)
+        self.queries = torch.zeros(layers, dtype=torch.long)
+        self.first = 0  # position of the first query that counts, set per prompt
+        self.inner = inner
+
+    def record(self, module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
+        """Add the mass of the counted queries of one attention call.
+
+        ``query`` ``[1, H, q, D]`` and ``key`` ``[1, Hkv, n, D]`` (RoPE applied; the key holds
+        the whole prefix: full attention over a stock cache, so query t sits at ``n - q + t``).
+        """
+        if query.shape[0] != 1:
+            raise ValueError("attention mass is measured one prompt at a time")
+        layer = module.layer_idx
+        heads, q_len = query.shape[1], query.shape[2]
+        kv_heads, n = key.shape[1], key.shape[2]
+        pos = torch.arange(n - q_len, n, device=query.device)
+        sel = pos >= self.first
+        if not bool(sel.any()):
+            return
+        pos = pos[sel]
+        m = int(pos.numel())
+        q = query[0][:, sel].float()  # [H, m, D]
+        k = key[0].float().repeat_interleave(heads // kv_heads, dim=0)  # [H, n, D]: q head h -> kv h // G
+        scores = q @ k.transpose(-1, -2) * (kwargs.get("scaling") or q.shape[-1] ** -0.5)
+        softcap = kwargs.get("softcap")
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        causal = torch.arange(n, device=q.device)[None] <= pos[:, None]  # [m, n]
+        weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        weights = weights.view(kv_heads, heads // kv_heads, m, n).mean(1)  # [Hkv, m, n]
+        cum = weights.double().cumsum(-1)
+        for w_idx, (window, sinks) in enumerate(self.windows):
+            # SWA(W, S) drops keys S .. pos - (W - S) (inclusive): past the sinks, before the recent.
+            hi = pos - (window - sinks)
+            idx = hi.clamp(min=0)[None, :, None].expand(kv_heads, m, 1)
+            mass = cum.gather(-1, idx)[..., 0]
+            if sinks > 0:
+                mass = mass - cum[..., sinks - 1]
+            mass = torch.where((hi >= sinks)[None], mass, torch.zeros_like(mass))
+            self.sums[w_idx, layer] += mass.sum(-1).cpu()
+        self.queries[layer] += m
+
+
+_ACTIVE: _MassCapture | None = None
+
+
+def _mass_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention registered as ``sinkwindow_mass``: the model's own attention, mass recorded on the side."""
+    capture = _ACTIVE
+    if capture is None:
+        raise RuntimeError("sinkwindow_mass attention runs only inside mass_scores")
+    with torch.no_grad():
+        capture.record(module, query, key, kwargs)
+    return capture.inner(module, query, key, value, attention_mask, **kwargs)
+
+
+def _eager_for(module):
+    # The family's own eager attention (softcapping, scaling); transformers' plain one otherwise.
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
+    return fn
+
+
+@torch.no_grad()
+def mass_scores(
+    model,
+    prompts: Sequence[CalibrationPrompt],
+    windows: Sequence[tuple[int, int]],
+    *,
+    last_queries: int = LAST_QUERIES,
+    chunk_size: int = 512,
+    bar=None,
+) -> dict[tuple[int, int], torch.Tensor]:
+    """Out-of-window attention mass under full attention, for every ``(W, S)`` in ``windows`` at once.
+
+    The prompts (with their answers but the last token, so the answer's queries count) run once in
+    full attention through an attention function of our own (``sinkwindow_mass``, registered with
+    transformers' ``AttentionInterface``) that computes the softmax of the last ``last_queries``
+    queries itself and otherwise calls the model's own attention, so the forward is unchanged.
+    Native sliding windows of a family (Gemma, Mistral) are not modelled: the mass is that of plain
+    causal attention. Leaves the model in full attention, on its original attention implementation.
+
+    Returns:
+        ``{(W, S): [layers, kv_heads]}`` float64 mass in [0, 1], averaged over counted queries and
+        prompts (and over the query heads of each KV head).
+    """
+    global _ACTIVE
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+    use_method(model, "full")
+    layers, _, kv_heads, _ = kv_geometry(model.config)
+    previous = model.config._attn_implementation
+    eager = previous == "eager"
+    inner = (lambda m, *a, **k: _eager_for(m)(m, *a, **k)) if eager else sdpa_attention_forward
+    AttentionInterface.register(MASS_ATTENTION, _mass_attention)
+    AttentionMaskInterface.register(MASS_ATTENTION, eager_mask if eager else sdpa_mask)
+    capture = _MassCapture(layers, kv_heads, windows, inner)
+    _ACTIVE = capture
+    model.set_attn_implementation(MASS_ATTENTION)
+    try:
+        for p in prompts:
+            ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
+            capture.first = max(0, ids.shape[1] - last_queries)
+            prefill(model, ids, chunk_size=chunk_size, return_logits="last")
+            if bar is not None:
+                bar.update(1)
+    finally:
+        _ACTIVE = None
+        model.set_attn_implementation(previous)
+    counts = capture.queries.clamp(min=1).double()[None, :, None]
+    return {ws: capture.sums[i] / counts[0] for i, ws in enumerate(capture.windows)}
+
+
+# ---------------------------------------------------------------------------- ranking and selection
+
+
+def _order(scores: Sequence[float], higher_is_better: bool = True) -> list[int]:
+    """Indices best first; ties (and NaN, last) keep unit order, so the answer is deterministic."""
+
+    def key(i: int):
+        s = scores[i]
+        bad = s is None or (isinstance(s, float) and math.isnan(s))
+        return (bad, 0.0 if bad else (-s if higher_is_better else s), i)
+
+    return sorted(range(len(scores)), key=key)
+
+
+def rank_scores(per_criterion: dict[str, Sequence[float]]) -> list[float]:
+    """Mean over criteria of each unit's rank (1 = most worth keeping full; higher score is better).
+
+    Ties take ordinal ranks in unit order, so the mean rank is deterministic too.
+    """
+    if not per_criterion:
+        raise ValueError("rank needs at least one criterion's scores")
+    n = len(next(iter(per_criterion.values())))
+    total = [0.0] * n
+    for scores in per_criterion.values():
+        for rank, i in enumerate(_order(scores), start=1):
+            total[i] += rank
+    return [t / len(per_criterion) for t in total]
+
+
+def select_units(
+    units: Sequence[Unit], scores: Sequence[float], k: int, *, higher_is_better: bool = True
+) -> list[Unit]:
+    """The ``k`` best units by ``scores``, best first (ties: the earlier unit)."""
+    if len(units) != len(scores):
+        raise ValueError(f"{len(units)} units but {len(scores)} scores")
+    if not 0 <= k <= len(units):
+        raise ValueError(f"K={k} units asked, but there are {len(units)}: choose K from 0 to {len(units)}")
+    return [units[i] for i in _order(scores, higher_is_better)[:k]]
+
+
+def score_units(
+    model,
+    prompts: Sequence[CalibrationPrompt],
+    bases: Sequence[MethodSpec | str],
+    units: Sequence[Unit],
+    criteria: Sequence[str],
+    *,
+    chunk_size: int = 512,
+    last_queries: int = LAST_QUERIES,
+    progress: bool = False,
+) -> dict[str, dict]:
+    """Every criterion's per-unit scores for each base ``swa:W:S``; mass runs once for all bases.
+
+    Returns:
+        ``{str(base): {"nll": [...], "mass": [...], "rank": [...], "nll_base": float}}`` with the
+        criteria asked for (``rank`` needs, and brings, both others). Scores are aligned with
+        ``units``; higher means more worth keeping full, except ``rank`` (a mean rank: lower).
+    """
+    bases = [check_base_spec(b) for b in bases]
+    unknown = [c for c in criteria if c not in CRITERIA]
+    if unknown:
+        raise ValueError(f"unknown criterion {unknown[0]!r}: choose from {', '.join(CRITERIA)}")
+    need = set(criteria) | ({"nll", "mass"} if "rank" in criteria else set())
+    runs = (len(prompts) if "mass" in need else 0) + (
+        len(bases) * (1 + len(units)) * len(prompts) if "nll" in need else 0
+    )
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=runs, desc="calibrating", unit="prompt")
+    out: dict[str, dict] = {str(b): {} for b in bases}
+    try:
+        if "mass" in need:
+            masses = mass_scores(
+                model,
+                prompts,
+                [(b.window, b.sinks) for b in bases],
+                last_queries=last_queries,
+                chunk_size=chunk_size,
+                bar=bar,
+            )
+            for b in bases:
+                grid = masses[(b.window, b.sinks)]
+                out[str(b)]["mass"] = [
+                    float(grid[u].mean()) if isinstance(u, int) else float(grid[u[0], u[1]]) for u in units
+                ]
+        if "nll" in need:
+            for b in bases:
+                ref, gains = nll_scores(model, b, prompts, units, chunk_size=chunk_size, bar=bar)
+                out[str(b)]["nll"] = gains
+                out[str(b)]["nll_base"] = ref
+        if "rank" in need:
+            for b in bases:
+                out[str(b)]["rank"] = rank_scores({c: out[str(b)][c] for c in ("nll", "mass")})
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+# ---------------------------------------------------------------------------- calibrate
+
+
+@dataclass
+class CalibrationResult:
+    """What ``calibrate`` found (written to ``calibrate.json``).
+
+    Attributes:
+        units: unit labels (``"11"`` or ``"11.2"``), model order.
+        scores: per criterion, one score per unit (``nll``: gain in nats per answer token;
+            ``mass``: out-of-window attention mass in [0, 1]; ``rank``: mean rank, 1 is best).
+        nll_base: mean answer NLL under the base spec (when ``nll`` was computed).
+        chosen: the K units kept full, best first.
+        spec: the hybrid spec, canonical.
+    """
+
+    model: str
+    base: str
+    by: str
+    criterion: str
+    k: int
+    samples: int
+    length: int
+    seed: int
+    last_queries: int
+    chunk_size: int
+    units: list[str]
+    scores: dict[str, list[float]]
+    chosen: list[str]
+    spec: str
+    nll_base: float | None = None
+    prompt_tokens: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def top(self, criterion: str, k: int | None = None) -> list[str]:
+        """The ``k`` (default: ``self.k``) best units by one criterion."""
+        scores = self.scores[criterion]
+        order = _order(scores, higher_is_better=criterion != "rank")
+        return [self.units[i] for i in order[: self.k if k is None else k]]
+
+    def table(self) -> str:
+        """One line per unit: each criterion's score, and ``*`` on the chosen ones."""
+        names = list(self.scores)
+        head = f"{'unit':>6} " + " ".join(f"{c:>10}" for c in names) + "  kept"
+        lines = [head]
+        chosen = set(self.chosen)
+        for i, u in enumerate(self.units):
+            cells = " ".join(f"{self.scores[c][i]:>10.4f}" for c in names)
+            lines.append(f"{u:>6} {cells}  {'*' if u in chosen else ''}")
+        return "\n".join(lines)
+
+
+def calibrate(
+    model,
+    tokenizer,
+    method: MethodSpec | str,
+    k: int,
+    *,
+    by: str = "layer",
+    criterion: str = "rank",
+    samples: int = 4,
+    length: int = 2048,
+    seed: int = CAL_SEED,
+    chunk_size: int = 512,
+    last_queries: int = LAST_QUERIES,
+    progress: bool = True,
+    name: str | None = None,
+) -> CalibrationResult:
+    """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
+
+    Args:
+        method: the plain ``swa:W:S`` to build on.
+        k: units to keep full, 0 .. number of units.
+        by: ``"layer"`` or ``"head"`` (KV heads).
+        criterion: ``"nll"``, ``"mass"`` or ``"rank"`` (both, ranks averaged).
+        samples / length: calibration S-NIAH prompts and their token budget (answer included).
+        seed: the prompts' seed; one of ``EVAL_SEEDS`` is refused.
+        last_queries: query positions the mass averages over (the prompt's end).
+        name: the model's name for the record (default: ``config.name_or_path``).
+
+    Returns:
+        A :class:`CalibrationResult`; the model is left in full attention.
+
+    Raises:
+        ValueError: not a plain swa spec, K out of range, an evaluation seed, or prompts that fit
+            inside the window (where full attention changes nothing).
+    """
+    base = check_base_spec(method)
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
+    check_calibration_seed(seed)
+    units = model_units(model.config, by)
+    if not 0 <= k <= len(units):
+        what = "layers" if by == "layer" else "KV heads"
+        raise ValueError(f"K={k} is more than the model's {len(units)} {what}: give K from 1 to {len(units)}")
+    if length <= base.window:
+        raise ValueError(
+            f"calibration prompts of {length} tokens fit inside the window W={base.window}, where full "
+            f"attention changes nothing: use a --length above {base.window}"
+        )
+    t0 = time.perf_counter()
+    prompts = calibration_prompts(tokenizer, samples, length, seed)
+    scores = score_units(
+        model, prompts, [base], units, [criterion], chunk_size=chunk_size, last_queries=last_queries,
+        progress=progress,
+    )[str(base)]  # fmt: skip
+    chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
+    kv_heads = kv_geometry(model.config)[2]
+    spec = spec_with_units(base, chosen, kv_heads)
+    return CalibrationResult(
+        model=name or str(getattr(model.config, "name_or_path", "") or type(model).__name__),
+        base=str(base),
+        by=by,
+        criterion=criterion,
+        k=k,
+        samples=samples,
+        length=length,
+        seed=seed,
+        last_queries=last_queries,
+        chunk_size=chunk_size,
+        units=[unit_label(u) for u in units],
+        scores={c: [float(v) for v in scores[c]] for c in CRITERIA if c in scores},
+        chosen=[unit_label(u) for u in chosen],
+        spec=str(spec),
+        nll_base=scores.get("nll_base"),
+        prompt_tokens=[p.n_tokens for p in prompts],
+        seconds=round(time.perf_counter() - t0, 2),
+    )
+
+
+# ---------------------------------------------------------------------------- outputs
+
+_LABELS = {
+    "nll": "NLL gain (nats / answer token)",
+    "mass": "mass outside the window",
+    "rank": "mean rank (1 = kept first)",
+}
+
+
+def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
+    """Per-unit scores: bars per layer, or a layer x KV-head heatmap; chosen units highlighted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    criteria = list(result.scores)
+    chosen = set(result.chosen)
+    fig, axes = plt.subplots(
+        len(criteria), 1, figsize=(max(6.0, 0.28 * len(result.units) + 2), 2.6 * len(criteria)), squeeze=False
+    )
+    units = [parse_unit(u) for u in result.units]
+    for ax, c in zip(axes[:, 0], criteria):
+        values = result.scores[c]
+        if result.by == "layer":
+            colors = ["tab:red" if u in chosen else "tab:gray" for u in result.units]
+            ax.bar(range(len(values)), values, color=colors)
+            ax.set_xticks(range(len(values)), result.units, fontsize=7)
+            ax.set_xlabel("layer")
+        else:
+            layers = max(u[0] for u in units) + 1
+            heads = max(u[1] for u in units) + 1
+            grid = torch.full((heads, layers), float("nan"))
+            for u, v in zip(units, values):
+                grid[u[1], u[0]] = v
+            im = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis_r" if c == "rank" else "viridis")
+            fig.colorbar(im, ax=ax, fraction=0.03)
+            for label in chosen:
+                layer, h = parse_unit(label)
+                ax.add_patch(plt.Rectangle((layer - 0.5, h - 0.5), 1, 1, fill=False, ec="red", lw=2))
+            ax.set_xlabel("layer")
+            ax.set_ylabel("KV head")
+            ax.set_xticks(range(layers))
+            ax.set_yticks(range(heads))
+        ax.set_title(_LABELS.get(c, c) + (" (chosen: red)" if c == criteria[0] else ""), fontsize=9)
+    fig.suptitle(
+        f"{result.model}: {result.spec}\n{result.criterion} criterion, K={result.k}, "
+        f"n={result.samples} prompts x {result.length} tokens, seed {result.seed}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_calibration(result: CalibrationResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, str]:
+    """``calibrate.json`` (and ``calibrate.png``) in ``out_dir``; returns their paths."""
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": str(out / "calibrate.json")}
+    (out / "calibrate.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    if plot:
+        try:
+            paths["png"] = str(plot_scores(result, out / "calibrate.png"))
+        except ImportError as err:  # matplotlib is an optional extra; the JSON has every number
+            logger.warning("no plot: %s (pip install 'sinkwindow[eval]')", err)
+    return paths

@@ -1,0 +1,253 @@
+"""``sinkwindow calibrate`` and ``sinkwindow tune``: choose which units of a hybrid keep full attention."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from .. import args as cli_args
+
+__all__ = ["register", "CALIBRATE_MIN_LENGTH"]
+
+# S-NIAH prompts reserve a 128-token answer budget plus RULER's template (see eval/cli.py), so no
+# calibration prompt fits below this.
+CALIBRATE_MIN_LENGTH = 256
+# Equal to calibrate.CAL_SEED / tune.HELDOUT_SEED (a test keeps them so): importing those modules
+# here would pull torch into every --help.
+CAL_SEED = 7_000_000
+HELDOUT_SEED = 8_000_000
+TASK_CHOICES = ("niah", "babilong", "ppl")
+
+
+def swa_method(text: str) -> str:
+    """``--method`` of calibrate: a plain ``swa:W:S`` (canonical)."""
+    from ..spec import parse_spec
+
+    spec = parse_spec(cli_args.method(text))
+    if spec.kind != "swa" or spec.positions != "absolute":
+        raise argparse.ArgumentTypeError(
+            f"{spec} is not swa:W:S: hybrids keep units full on top of sliding-window attention, e.g. swa:256:4"
+        )
+    if spec.is_hybrid:
+        raise argparse.ArgumentTypeError(
+            f"{spec} already names full units: give the plain {spec.base} and let calibration choose them"
+        )
+    return str(spec)
+
+
+def kv_budget(text: str) -> int:
+    value = cli_args.byte_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r} (e.g. 24MiB)")
+    return value
+
+
+def sinks_list(text: str) -> list[int]:
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError("give sink counts separated by single commas, e.g. 0,4")
+    parse = cli_args.integer(0, what="each sink count")
+    return sorted({parse(p) for p in parts})
+
+
+def tune_task(text: str) -> str:
+    """``niah`` | ``babilong`` | ``ppl``, or one runner task (``niah_single_2``, ``babilong_qa1``)."""
+    from ..eval.runner import ALL_TASKS
+
+    text = str(text).strip()
+    if text in TASK_CHOICES or text in ALL_TASKS:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown task {text!r}: use niah (S-NIAH-1/2/3), babilong (QA1-5), ppl, or one of {', '.join(ALL_TASKS)}"
+    )
+
+
+def _seed_flag(p: argparse.ArgumentParser, flag: str, default: int, help: str) -> None:
+    p.add_argument(
+        flag,
+        type=cli_args.integer(0, cli_args.SEED_MAX, what=flag),
+        default=default,
+        help=f"{help}; evaluation's seeds (0 .. 999999) are refused (default: %(default)s)",
+    )
+
+
+def _load(args):
+    import torch
+
+    from ..models import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = cli_args.resolve_device(args.device)
+    return load(args.model, device=device, dtype=getattr(torch, args.dtype))
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate, check_calibration_seed, write_calibration
+
+    check_calibration_seed(args.seed, "--seed")  # before the model loads
+    by, k = ("layer", args.full_layers) if args.full_layers is not None else ("head", args.full_heads)
+    model, tok = _load(args)
+    t0 = time.perf_counter()
+    result = calibrate(
+        model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
+        seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
+        progress=not args.no_progress, name=args.model,
+    )  # fmt: skip
+    paths = write_calibration(result, args.out)
+    print(result.table())
+    for c in result.scores:
+        print(f"top {result.k} by {c}: {','.join(result.top(c))}")
+    print(f"spec: {result.spec}  ({result.seconds:.1f}s; {paths['json']})")
+    print(
+        json.dumps(
+            {
+                "spec": result.spec,
+                "chosen": result.chosen,
+                "criterion": result.criterion,
+                "by": by,
+                "k": k,
+                "out": str(args.out),
+                **paths,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
+    )
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from ..eval.cli import BABILONG_MIN_LENGTH, NIAH_MIN_LENGTH
+    from .tune import _check_seeds, family_tasks, tune, write_tune
+
+    _check_seeds(args.seed, args.heldout_seed)  # before the model loads
+    tasks = family_tasks(args.task)
+    least = NIAH_MIN_LENGTH if any(t.startswith("niah") for t in tasks) else 2
+    least = BABILONG_MIN_LENGTH if any(t.startswith("babilong") for t in tasks) else least
+    if args.context < least:
+        raise ValueError(
+            f"--context {args.context} is too short for {args.task}: give at least {least} tokens"
+        )
+    if args.calib_length is not None and args.calib_length < CALIBRATE_MIN_LENGTH:
+        raise ValueError(
+            f"--calib-length must be >= {CALIBRATE_MIN_LENGTH} tokens (an S-NIAH prompt), got {args.calib_length}"
+        )
+    windows = args.windows
+    if windows is not None and all(w >= args.context for w in windows):
+        raise ValueError(f"every --windows value is >= the context {args.context}: give windows below it")
+    model, tok = _load(args)
+    result = tune(
+        model, tok, args.kv_budget, args.context, args.task, windows=windows, sinks=args.sinks, by=args.units,
+        criterion=args.criterion, max_k=args.max_k, samples=args.samples, heldout_samples=args.heldout_samples,
+        calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
+        heldout_seed=args.heldout_seed, chunk_size=args.chunk_size, batch_size=args.batch_size,
+        progress=not args.no_progress, name=args.model,
+    )  # fmt: skip
+    paths = write_tune(result, args.out)
+    print(result.summary())
+    best = result.heldout[result.best]
+    print(
+        json.dumps(
+            {
+                "best": result.best,
+                "kv_budget_bytes": result.kv_budget_bytes,
+                "context": result.context,
+                "task": result.task,
+                "calibration_score": result.calibration[result.best].score,
+                "heldout_score": best.score,
+                "heldout_interval": [best.lo, best.hi],
+                "heldout_n": best.n,
+                "seeds": {"calibration": result.seeds["calibration"], "heldout": result.seeds["heldout"]},
+                "candidates": len(result.candidates),
+                "out": str(args.out),
+                **paths,
+                "seconds": result.seconds,
+            }
+        )
+    )
+    return 0
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    cli_args.add_chunk_size(p, 512)
+    cli_args.add_device(p)
+    cli_args.add_dtype(p)
+    cli_args.add_threads(p)
+    cli_args.add_no_progress(p)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="score layers / KV heads for keeping full attention on top of swa:W:S and pick the top K",
+        description="Scores every layer (or KV head) on S-NIAH calibration prompts of a seed no evaluation "
+        "uses: nll = the answer's NLL gain when that unit alone keeps full attention; mass = the attention "
+        "it puts outside the window under full attention; rank = both ranks averaged. Prints the table and "
+        "the hybrid spec, writes calibrate.json and calibrate.png, then one JSON line.",
+    )
+    cli_args.add_model(p)
+    cli_args.add_method(
+        p, "swa:256:4", kind=swa_method, help="the plain swa:W:S to build on (default: %(default)s)"
+    )
+    k = p.add_mutually_exclusive_group(required=True)
+    k.add_argument("--full-layers", type=cli_args.integer(1, what="--full-layers"), metavar="K",
+                   help="keep K whole layers full")  # fmt: skip
+    k.add_argument("--full-heads", type=cli_args.integer(1, what="--full-heads"), metavar="K",
+                   help="keep K KV heads full (each with the query heads that share it)")  # fmt: skip
+    p.add_argument("--criterion", choices=("nll", "mass", "rank"), default="rank",
+                   help="how units are ranked (default: %(default)s; nll and rank run the prompts once per unit)")  # fmt: skip
+    p.add_argument("--samples", type=cli_args.integer(1, what="--samples"), default=4,
+                   help="calibration prompts, S-NIAH-1/2/3 in turn (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--length",
+        type=cli_args.size(CALIBRATE_MIN_LENGTH, what="--length"),
+        default="2k",
+        help=f"prompt token budget, answer included, >= {CALIBRATE_MIN_LENGTH}; {cli_args.SIZE_HELP} (default: %(default)s)",
+    )
+    p.add_argument("--last-queries", type=cli_args.integer(1, what="--last-queries"), default=64,
+                   help="query positions at the prompt's end the mass averages over (default: %(default)s)")  # fmt: skip
+    _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")
+    cli_args.add_out(p, "runs/calibrate", help="folder for calibrate.json and calibrate.png")
+    _add_runtime(p)
+    p.set_defaults(func=_cmd_calibrate)
+
+    p = sub.add_parser(
+        "tune",
+        help="search swa:W:S + full layers under a KV-memory budget; report the winner on held-out samples",
+        description="Searches windows W, sinks S and K full units (ranked by calibrate's criterion) whose KV "
+        "cache at --context fits --kv-budget, scores each on calibration samples, writes the Pareto frontier "
+        "(frontier.json, frontier.png) and tune.json, and reports the best spec, full attention and the "
+        "best's plain swa:W:S on held-out samples of another seed, with 95%% intervals.",
+    )
+    cli_args.add_model(p)
+    p.add_argument("--kv-budget", type=kv_budget, required=True, metavar="BYTES",
+                   help="KV-cache budget at --context: 24MiB, 512KiB, 1.5GiB (1024-based), 24MB (1000-based) or bytes")  # fmt: skip
+    p.add_argument("--context", type=cli_args.size(1, what="--context"), default="4k",
+                   help=f"context the budget holds, tokens; {cli_args.SIZE_HELP} (default: %(default)s)")  # fmt: skip
+    p.add_argument("--task", type=tune_task, default="niah",
+                   help="niah (S-NIAH-1/2/3 average), babilong (QA1-5), ppl, or one runner task (default: %(default)s)")  # fmt: skip
+    p.add_argument("--windows", type=cli_args.size_list(2, what="window"), default=None,
+                   help="the W grid (default: powers of two from 64 below --context)")  # fmt: skip
+    p.add_argument("--sinks", type=sinks_list, default=[4], help="the S values, e.g. 0,4 (default: 4)")
+    p.add_argument("--units", choices=("layer", "head"), default="layer",
+                   help="full units: whole layers or KV heads (default: %(default)s)")  # fmt: skip
+    p.add_argument("--criterion", choices=("nll", "mass", "rank"), default="mass",
+                   help="how units are ranked (default: %(default)s: one pass for every W; nll/rank are slow)")  # fmt: skip
+    p.add_argument("--max-k", type=cli_args.integer(0, what="--max-k"), default=None,
+                   help="at most K full units (default: what the budget allows)")  # fmt: skip
+    p.add_argument("--samples", type=cli_args.integer(1, what="--samples"), default=2,
+                   help="calibration samples per task per candidate (ppl: windows) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--heldout-samples", type=cli_args.integer(1, what="--heldout-samples"), default=3,
+                   help="held-out samples per task (ppl: windows) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--calib-samples", type=cli_args.integer(1, what="--calib-samples"), default=4,
+                   help="S-NIAH prompts that score the units (default: %(default)s)")  # fmt: skip
+    p.add_argument("--calib-length", type=cli_args.size(1, what="--calib-length"), default=None,
+                   help="their token budget (default: --context)")  # fmt: skip
+    _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration samples")
+    _seed_flag(p, "--heldout-seed", HELDOUT_SEED, "seed of the held-out samples, not --seed")
+    p.add_argument("--batch-size", type=cli_args.integer(1, what="--batch-size"), default=None,
+                   help="samples decoded as one batch (default: the eval runner's)")  # fmt: skip
+    cli_args.add_out(p, "runs/tune", help="folder for frontier.json, frontier.png and tune.json")
+    _add_runtime(p)
+    p.set_defaults(func=_cmd_tune)

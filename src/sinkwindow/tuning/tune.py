@@ -1,0 +1,686 @@
+"""Search SWA(W, S) + K full units under a KV-memory budget, and check the winner on held-out samples.
+
+At one context n and a budget of B bytes (``bench.memory.analytic_state_bytes`` in the model's
+dtype, so the budget is enforced exactly):
+
+1. every window W of a grid (powers of two below n) and sink count S gives a base ``swa:W:S``; the
+   bases that fit B are kept, each with the most full units K_max the budget leaves it;
+2. the units are scored once per base (``calibrate.score_units``; the default ``mass`` criterion
+   scores every base in one full-attention pass) and the top K kept, K = 0 .. K_max;
+3. every candidate is measured on calibration samples (seed :data:`~.calibrate.CAL_SEED`), and the
+   Pareto frontier (fewer KV bytes, higher score) is marked;
+4. the best candidate, full attention and the winner's base ``swa:W:S`` are measured again on
+   held-out samples (seed :data:`HELDOUT_SEED`), so the reported number is not the one selected on.
+
+Seeds: calibration and held-out seeds must differ and both lie outside ``EVAL_SEEDS`` (what
+``sinkwindow eval`` uses), so tuning on the test set is impossible by construction; both are
+recorded. Perplexity has no seed (its essay windows are fixed): its held-out windows are the last
+ones of the essay stream, its calibration windows the ones before, and both stay clear of the first
+:data:`EVAL_PPL_WINDOWS`, which ``sinkwindow eval ppl`` reads.
+
+Scores: S-NIAH and BABILong are the eval runner's own (``runner.plan`` / ``runner.run_cell``:
+its sample building, batched greedy decoding and string matching), as fractions in [0, 1] with
+Wilson 95% intervals; S-NIAH decodes the answer's length + 16 tokens (runner's ``auto`` cap), and
+BABILong uses the seeded bAbI generator (``babilong_facts="generated"``) because the released
+questions do not depend on the seed. ``ppl`` scores the negative NLL per token (nats), with a
+bootstrap interval over windows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..bench.memory import analytic_state_bytes, kv_geometry
+from ..spec import MethodSpec, parse_spec
+from ..switch import use_method
+from .calibrate import (
+    CAL_SEED,
+    CRITERIA,
+    EVAL_SEEDS,
+    LAST_QUERIES,
+    calibration_prompts,
+    check_calibration_seed,
+    model_units,
+    score_units,
+    select_units,
+    spec_with_units,
+    unit_label,
+)
+
+__all__ = [
+    "HELDOUT_SEED",
+    "EVAL_PPL_WINDOWS",
+    "TASK_FAMILIES",
+    "Candidate",
+    "Measurement",
+    "TuneResult",
+    "family_tasks",
+    "format_bytes",
+    "measure",
+    "pareto_front",
+    "plan_candidates",
+    "plot_frontier",
+    "ppl_splits",
+    "tune",
+    "window_grid",
+    "write_tune",
+]
+
+logger = logging.getLogger(__name__)
+
+# Seed of the held-out samples the winner is reported on: not CAL_SEED, outside EVAL_SEEDS.
+HELDOUT_SEED = 8_000_000
+TASK_FAMILIES = ("niah", "babilong", "ppl")
+# `sinkwindow eval ppl` reads essay windows 0..9 by default (--samples 10); tuning never reads them.
+EVAL_PPL_WINDOWS = 10
+MIN_WINDOW = 64
+MAX_WINDOW = 4096
+
+
+def family_tasks(task: str) -> tuple[str, ...]:
+    """The runner tasks a family averages: ``niah`` -> S-NIAH-1/2/3, ``babilong`` -> QA1-5, ``ppl``."""
+    from ..eval.runner import ALL_TASKS, BABILONG_TASKS, NIAH_TASKS
+
+    families = {"niah": NIAH_TASKS, "babilong": BABILONG_TASKS, "ppl": ("ppl",)}
+    if task in families:
+        return tuple(families[task])
+    if task in ALL_TASKS:
+        return (task,)
+    raise ValueError(f"unknown task {task!r}: choose from {', '.join(TASK_FAMILIES)} (or one runner task)")
+
+
+def _family(tasks: Sequence[str]) -> str:
+    if tasks == ("ppl",):
+        return "ppl"
+    return "babilong" if all(t.startswith("babilong") for t in tasks) else "niah"
+
+
+def format_bytes(n: float) -> str:
+    """``25165824`` -> ``"24.00 MiB"``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def window_grid(context: int, lo: int = MIN_WINDOW, hi: int = MAX_WINDOW) -> list[int]:
+    """Powers of two from ``lo`` to ``hi`` below ``context`` (a window as long as the context is full)."""
+    if context <= 0:
+        raise ValueError(f"context must be a positive number of tokens, got {context}")
+    out, w = [], 1
+    while w <= hi:
+        if w >= lo and w < context:
+            out.append(w)
+        w *= 2
+    return out
+
+
+# ---------------------------------------------------------------------------- the frontier
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """Which ``(kv_bytes, score)`` points no other point dominates (no more bytes, no lower score,
+    and better in one). Equal points are all on the front."""
+    out = []
+    for i, (b, s) in enumerate(points):
+        dominated = any(
+            (b2 <= b and s2 >= s) and (b2 < b or s2 > s) for j, (b2, s2) in enumerate(points) if j != i
+        )
+        out.append(not dominated)
+    return out
+
+
+def plan_candidates(
+    config,
+    context: int,
+    budget: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    windows: Sequence[int] | None = None,
+    sinks: Sequence[int] = (4,),
+    by: str = "layer",
+    max_k: int | None = None,
+) -> list[tuple[MethodSpec, int]]:
+    """The bases ``swa:W:S`` within ``budget`` at ``context``, each with the most full units it affords.
+
+    Every layer of a decoder has the same KV geometry, so K units cost the same whichever they are;
+    ``tune`` still prices each final spec exactly.
+
+    Returns:
+        ``[(base, k_max)]`` in (W, S) order.
+
+    Raises:
+        ValueError: when not even the cheapest base fits the budget (naming what would).
+    """
+    windows = list(windows) if windows is not None else window_grid(context)
+    if not [w for w in windows if w < context]:
+        raise ValueError(
+            f"no window below the context of {context} tokens: give --windows smaller than {context}"
+        )
+    units = model_units(config, by)
+    cap = len(units) if max_k is None else min(max_k, len(units))
+    out, cheapest = [], None
+    for w in sorted(windows):
+        for s in sorted(set(sinks)):
+            if s >= w or w >= context:  # a window as long as the context is full attention
+                continue
+            base = MethodSpec("swa", window=w, sinks=s)
+            cost = analytic_state_bytes(base, config, context, dtype=dtype)
+            if cheapest is None or cost < cheapest[1]:
+                cheapest = (base, cost)
+            if cost > budget:
+                continue
+            k = 0
+            while k < cap and (
+                analytic_state_bytes(spec_with_units(base, units[: k + 1]), config, context, dtype=dtype)
+                <= budget
+            ):
+                k += 1
+            out.append((base, k))
+    if not out:
+        if cheapest is None:
+            raise ValueError(
+                f"no candidate: every sink count in {list(sinks)} is >= every window in {windows}"
+            )
+        spec, cost = cheapest
+        raise ValueError(
+            f"--kv-budget {format_bytes(budget)} is below the cheapest candidate, {spec} at {context} tokens "
+            f"({format_bytes(cost)}): raise --kv-budget to at least {cost} (bytes), or give smaller --windows"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Measurement:
+    """One spec's score on one sample set.
+
+    Attributes:
+        score: S-NIAH / BABILong: mean of 0/1 scores (every task has the same n, so this is also
+            the task average); ppl: negative NLL per token (nats).
+        lo, hi: 95% interval (Wilson for accuracy, bootstrap over windows for ppl).
+        n: samples (all tasks together) or windows.
+        per_task: each task's mean.
+        seed: the samples' seed (``None`` for ppl, whose windows are in ``windows``).
+    """
+
+    spec: str
+    metric: str
+    score: float
+    lo: float
+    hi: float
+    n: int
+    per_task: dict[str, float] = field(default_factory=dict)
+    seed: int | None = None
+    windows: list[int] | None = None
+    seconds: float = 0.0
+
+
+def ppl_splits(tokenizer, context: int, calibration: int, heldout: int) -> tuple[list[int], list[int]]:
+    """Essay-window indices for calibration and held-out perplexity at ``context`` tokens.
+
+    Held-out takes the last ``heldout`` windows of the essay stream, calibration the ``calibration``
+    before them; neither touches the first ``EVAL_PPL_WINDOWS`` (``sinkwindow eval ppl``'s).
+    """
+    from ..eval.haystack import load_essays
+    from ..eval.perplexity import _bos_prefix
+
+    sep = len(tokenizer("\n\n", add_special_tokens=False).input_ids)
+    total = sum(len(tokenizer(t, add_special_tokens=False).input_ids) + sep for _, t in load_essays())
+    available = total // (context - len(_bos_prefix(tokenizer)))
+    first = available - heldout - calibration
+    if first < EVAL_PPL_WINDOWS:
+        raise ValueError(
+            f"the essays hold {available} windows of {context} tokens; {EVAL_PPL_WINDOWS} are evaluation's, "
+            f"leaving {max(0, available - EVAL_PPL_WINDOWS)} for {calibration} calibration + {heldout} held-out: "
+            f"ask for fewer --samples / --heldout-samples, or a shorter --context"
+        )
+    return list(range(first, first + calibration)), list(range(available - heldout, available))
+
+
+def _essay_windows(tokenizer, context: int, indices: Sequence[int], state: dict) -> list[torch.Tensor]:
+    from ..eval.perplexity import essay_token_windows
+
+    # Tokenising the essays takes about a second; every candidate reads the same windows.
+    cache = state.setdefault("essay_windows", {})
+    need = max(indices) + 1
+    if len(cache.get(context, ())) < need:
+        cache[context] = essay_token_windows(tokenizer, context, need)
+    return [cache[context][i] for i in indices]
+
+
+@torch.no_grad()
+def measure(
+    model,
+    tokenizer,
+    spec: MethodSpec | str,
+    task: str,
+    context: int,
+    samples: int,
+    seed: int | None,
+    *,
+    windows: Sequence[int] | None = None,
+    chunk_size: int = 512,
+    batch_size: int | None = None,
+    state: dict | None = None,
+    name: str = "model",
+) -> Measurement:
+    """Score ``spec`` on ``samples`` samples per task of ``task`` (a family or one runner task).
+
+    Args:
+        seed: the samples' seed (S-NIAH, BABILong).
+        windows: essay-window indices (ppl; see :func:`ppl_splits`).
+        state: the eval runner's per-model cache (built samples, current method); pass the same
+            dict for every spec measured on the same seed, so samples are built once.
+    """
+    from ..eval.stats import bootstrap_ppl_interval, wilson_interval
+
+    spec = str(parse_spec(spec))
+    tasks = family_tasks(task)
+    state = {} if state is None else state
+    t0 = time.perf_counter()
+    if tasks == ("ppl",):
+        from ..eval.perplexity import perplexity
+
+        if not windows:
+            raise ValueError("ppl is measured on essay windows: give their indices (ppl_splits)")
+        use_method(model, spec)
+        nll, count = [], []
+        for w in _essay_windows(tokenizer, context, windows, state):
+            res = perplexity(model, w, chunk_size=chunk_size)
+            nll.append(res.nll_sum)
+            count.append(res.n_tokens)
+        ppl = bootstrap_ppl_interval(nll, count)
+        return Measurement(
+            spec, "neg_nll", -math.log(ppl.estimate), -math.log(ppl.hi), -math.log(ppl.lo), len(nll),
+            {"ppl": -sum(nll) / sum(count)}, None, list(windows), round(time.perf_counter() - t0, 2),
+        )  # fmt: skip
+    from ..eval.runner import EvalConfig, default_batch_size, plan, run_cell
+
+    cfg = EvalConfig(
+        model=name,
+        methods=[spec],
+        tasks=list(tasks),
+        lengths=[context],
+        babilong_lengths=[context],
+        samples=samples,
+        seed=seed,
+        chunk_size=chunk_size,
+        niah_max_new_tokens=None,
+        babilong_facts="generated",
+        batch_size=batch_size,
+    )
+    # Something else may have switched the model since this state last saw it: switch again.
+    state.pop("method", None)
+    rows = []
+    for cell in plan(cfg, batch_size=default_batch_size(cfg, model)):
+        rows += run_cell(cfg, cell, (model, tokenizer), state)
+    scores = [r["score"] / 100.0 for r in rows]
+    interval = wilson_interval(sum(scores), len(scores))
+    per_task = {t: sum(r["score"] for r in rows if r["task"] == t) / 100.0 / samples for t in tasks}
+    return Measurement(
+        spec, "accuracy", interval.estimate, interval.lo, interval.hi, interval.n, per_task, seed, None,
+        round(time.perf_counter() - t0, 2),
+    )  # fmt: skip
+
+
+def _measure_all(
+    model, tokenizer, specs, task, context, samples, seed, windows, chunk_size, batch_size, name, progress
+) -> dict[str, Measurement]:
+    """``measure`` of each spec on one sample set (samples built once), with a tqdm bar if asked."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(specs), desc="candidates", unit="spec")
+    state: dict = {}
+    out = {}
+    try:
+        for spec in specs:
+            if bar is not None:
+                bar.set_postfix_str(spec)
+            out[spec] = measure(
+                model, tokenizer, spec, task, context, samples, seed, windows=windows, chunk_size=chunk_size,
+                batch_size=batch_size, state=state, name=name,
+            )  # fmt: skip
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+# ---------------------------------------------------------------------------- tune
+
+
+@dataclass
+class Candidate:
+    """One point of the search: a spec, its exact KV bytes at the context, its calibration score."""
+
+    spec: str
+    window: int | None
+    sinks: int | None
+    k: int
+    units: list[str]
+    kv_bytes: int
+    in_budget: bool = True
+    score: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    n: int = 0
+    on_frontier: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class TuneResult:
+    """What ``tune`` found (``tune.json``; ``frontier.json`` holds ``candidates``).
+
+    Attributes:
+        best: the best candidate within the budget on calibration samples.
+        calibration / heldout: measurements of the best spec, full attention and the best's base
+            ``swa:W:S``, on the calibration and on the held-out samples.
+        seeds: the calibration and held-out seeds (and the evaluation seeds both avoid).
+        unit_scores: per base, the units and their criterion scores.
+    """
+
+    model: str
+    task: str
+    tasks: list[str]
+    context: int
+    kv_budget_bytes: int
+    dtype: str
+    best: str
+    candidates: list[Candidate]
+    calibration: dict[str, Measurement]
+    heldout: dict[str, Measurement]
+    seeds: dict
+    settings: dict
+    unit_scores: dict[str, dict]
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        unit = "neg NLL" if self.task == "ppl" else "accuracy"
+        lines = [
+            f"tune {self.model} at {self.context} tokens, KV budget {format_bytes(self.kv_budget_bytes)} "
+            f"({self.dtype}), task {self.task}: {len(self.candidates)} candidates, "
+            f"{sum(c.on_frontier for c in self.candidates)} on the frontier",
+            f"best: {self.best}",
+            f"{'spec':<40} {'KV':>11} {'calibration ' + unit:>28} {'held-out ' + unit:>28}",
+        ]
+        by_spec = {c.spec: c for c in self.candidates}
+        for spec, cal in self.calibration.items():
+            held = self.heldout.get(spec)
+            kv = by_spec[spec].kv_bytes if spec in by_spec else None
+            kv_text = format_bytes(kv) if kv is not None else "-"
+            lines.append(f"{spec:<40} {kv_text:>11} {_interval_text(cal):>28} {_interval_text(held):>28}")
+        return "\n".join(lines)
+
+
+def _interval_text(m: Measurement | None) -> str:
+    if m is None:
+        return "-"
+    return f"{m.score:.3f} [{m.lo:.3f}, {m.hi:.3f}] n={m.n}"
+
+
+def _check_seeds(seed: int, heldout_seed: int) -> None:
+    check_calibration_seed(seed, "calibration seed")
+    check_calibration_seed(heldout_seed, "held-out seed")
+    if seed == heldout_seed:
+        raise ValueError(
+            f"the calibration and held-out seeds are both {seed}: the held-out samples must differ from "
+            f"the ones the search selects on; use e.g. --heldout-seed {HELDOUT_SEED}"
+        )
+
+
+def tune(
+    model,
+    tokenizer,
+    kv_budget_bytes: int,
+    context: int,
+    task: str = "niah",
+    *,
+    windows: Sequence[int] | None = None,
+    sinks: Sequence[int] = (4,),
+    by: str = "layer",
+    criterion: str = "mass",
+    max_k: int | None = None,
+    samples: int = 2,
+    heldout_samples: int = 3,
+    calib_samples: int = 4,
+    calib_length: int | None = None,
+    seed: int = CAL_SEED,
+    heldout_seed: int = HELDOUT_SEED,
+    chunk_size: int = 512,
+    batch_size: int | None = None,
+    last_queries: int = LAST_QUERIES,
+    progress: bool = True,
+    name: str | None = None,
+    out: str | Path | None = None,
+) -> TuneResult:
+    """Find the best ``swa:W:S[+full:...]`` within ``kv_budget_bytes`` at ``context`` tokens.
+
+    Args:
+        task: ``"niah"`` (S-NIAH-1/2/3 average), ``"babilong"`` (QA1-5), ``"ppl"``, or one runner task.
+        windows: the W grid (default: :func:`window_grid`, powers of two from 64 below ``context``).
+        sinks: the S values (``(0, 4)`` widens the search; default 4 only).
+        by: full units are ``"layer"`` or ``"head"`` (KV heads).
+        criterion: how units are ranked (``calibrate``): ``mass`` (one pass for every base), ``nll``
+            or ``rank`` (one run per unit and base; slow).
+        max_k: at most this many full units (default: whatever the budget allows).
+        samples / heldout_samples: per task, on the calibration / held-out seed (ppl: windows).
+        calib_samples / calib_length: the S-NIAH prompts that score the units (default length: the
+            context).
+        out: also write ``frontier.json``, ``frontier.png`` and ``tune.json`` there.
+
+    Returns:
+        A :class:`TuneResult`; the model is left in full attention.
+
+    Raises:
+        ValueError: a bad context, task, criterion or seed, or a budget no candidate fits.
+    """
+    t0 = time.perf_counter()
+    if context <= 0:
+        raise ValueError(f"context must be a positive number of tokens, got {context}: e.g. --context 4096")
+    if kv_budget_bytes <= 0:
+        raise ValueError(
+            f"the KV budget must be positive, got {kv_budget_bytes} bytes: e.g. --kv-budget 24MiB"
+        )
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
+    tasks = family_tasks(task)
+    _check_seeds(seed, heldout_seed)
+    name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+    config, dtype = model.config, model.dtype
+    kv_heads = kv_geometry(config)[2]
+    units = model_units(config, by)
+    plan = plan_candidates(
+        config, context, kv_budget_bytes, dtype=dtype, windows=windows, sinks=sinks, by=by, max_k=max_k
+    )
+    ppl_windows = ppl_splits(tokenizer, context, samples, heldout_samples) if tasks == ("ppl",) else None
+
+    # Units are scored once per base; bases the budget gives no full unit need none.
+    scored = [base for base, k in plan if k > 0]
+    unit_scores: dict[str, dict] = {}
+    if scored:
+        prompts = calibration_prompts(tokenizer, calib_samples, calib_length or context, seed)
+        unit_scores = score_units(
+            model, prompts, scored, units, [criterion], chunk_size=chunk_size, last_queries=last_queries,
+            progress=progress,
+        )  # fmt: skip
+
+    candidates: list[Candidate] = []
+    for base, k_max in plan:
+        ranked = (
+            select_units(
+                units, unit_scores[str(base)][criterion], k_max, higher_is_better=criterion != "rank"
+            )
+            if k_max
+            else []
+        )
+        for k in range(k_max + 1):
+            spec = spec_with_units(base, ranked[:k], kv_heads)
+            cost = analytic_state_bytes(spec, config, context, dtype=dtype)
+            if cost > kv_budget_bytes:  # cannot happen for uniform layers; kept as the exact check
+                break
+            candidates.append(
+                Candidate(str(spec), base.window, base.sinks, k, [unit_label(u) for u in ranked[:k]], cost)
+            )
+    full_cost = analytic_state_bytes(MethodSpec("full"), config, context, dtype=dtype)
+    # Full attention is measured for reference even over the budget (it is then no candidate).
+    candidates.append(
+        Candidate("full", None, None, len(units), [], full_cost, in_budget=full_cost <= kv_budget_bytes)
+    )
+
+    try:
+        calibration = _measure_all(
+            model, tokenizer, [c.spec for c in candidates], task, context, samples,
+            None if ppl_windows else seed, ppl_windows[0] if ppl_windows else None,
+            chunk_size, batch_size, name, progress,
+        )  # fmt: skip
+        for c in candidates:
+            m = calibration[c.spec]
+            c.score, c.lo, c.hi, c.n, c.seconds = m.score, m.lo, m.hi, m.n, m.seconds
+        inside = [c for c in candidates if c.in_budget]
+        for c, on in zip(inside, pareto_front([(c.kv_bytes, c.score) for c in inside])):
+            c.on_frontier = on
+        order = {id(c): i for i, c in enumerate(inside)}
+        best = max(inside, key=lambda c: (c.score, -c.kv_bytes, -order[id(c)]))
+        base_of_best = str(parse_spec(best.spec).base) if best.spec != "full" else None
+        reported = list(dict.fromkeys([best.spec, "full", *([base_of_best] if base_of_best else [])]))
+        heldout = _measure_all(
+            model, tokenizer, reported, task, context, heldout_samples,
+            None if ppl_windows else heldout_seed, ppl_windows[1] if ppl_windows else None,
+            chunk_size, batch_size, name, False,
+        )  # fmt: skip
+    finally:
+        use_method(model, "full")  # whatever happened, the caller's model runs full attention again
+    if ppl_windows:
+        assert not set(ppl_windows[0]) & set(ppl_windows[1]), "calibration and held-out windows overlap"
+
+    result = TuneResult(
+        model=name,
+        task=task,
+        tasks=list(tasks),
+        context=context,
+        kv_budget_bytes=int(kv_budget_bytes),
+        dtype=str(dtype).removeprefix("torch."),
+        best=best.spec,
+        candidates=candidates,
+        calibration={s: calibration[s] for s in reported},
+        heldout=heldout,
+        seeds={
+            "calibration": None if ppl_windows else seed,
+            "heldout": None if ppl_windows else heldout_seed,
+            "unit_calibration": seed,
+            "evaluation_seeds_avoided": [EVAL_SEEDS.start, EVAL_SEEDS.stop - 1],
+            "ppl_windows": {"calibration": ppl_windows[0], "heldout": ppl_windows[1]}
+            if ppl_windows
+            else None,
+        },
+        settings={
+            "windows": sorted({b.window for b, _ in plan}),
+            "windows_asked": list(windows) if windows is not None else window_grid(context),
+            "sinks": sorted(set(sinks)),
+            "by": by,
+            "criterion": criterion,
+            "max_k": max_k,
+            "samples": samples,
+            "heldout_samples": heldout_samples,
+            "calib_samples": calib_samples,
+            "calib_length": calib_length or context,
+            "chunk_size": chunk_size,
+            "batch_size": batch_size,
+            "last_queries": last_queries,
+            "niah_max_new_tokens": "auto (answer tokens + 16)",
+            "babilong_facts": "generated",
+        },
+        unit_scores={
+            b: {"units": [unit_label(u) for u in units], **{k: v for k, v in s.items()}}
+            for b, s in unit_scores.items()
+        },
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+    if out is not None:
+        write_tune(result, out)
+    return result
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def plot_frontier(result: TuneResult, path: str | Path) -> Path:
+    """KV bytes (MiB, log scale) against the calibration score; frontier joined, best starred."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    mib = 2**20
+    for c in result.candidates:
+        colour = "tab:red" if c.on_frontier else ("tab:gray" if c.in_budget else "black")
+        marker = "s" if c.spec == "full" else "o"
+        err = [[c.score - c.lo], [c.hi - c.score]]
+        ax.errorbar(c.kv_bytes / mib, c.score, yerr=err, fmt=marker, color=colour, ms=5, capsize=2, alpha=0.8)
+        if c.on_frontier or c.spec == "full":
+            ax.annotate(
+                c.spec, (c.kv_bytes / mib, c.score), fontsize=6, xytext=(3, 3), textcoords="offset points"
+            )
+    front = sorted((c.kv_bytes / mib, c.score) for c in result.candidates if c.on_frontier)
+    if front:
+        ax.plot(*zip(*front), color="tab:red", lw=1, alpha=0.6)
+    best = next(c for c in result.candidates if c.spec == result.best)
+    ax.plot(
+        best.kv_bytes / mib, best.score, "*", color="gold", ms=14, mec="black", label=f"best: {best.spec}"
+    )
+    ax.axvline(result.kv_budget_bytes / mib, color="tab:blue", ls="--", lw=1, label="budget")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"KV bytes at {result.context} tokens (MiB, {result.dtype})")
+    ax.set_ylabel(
+        "negative NLL per token" if result.task == "ppl" else f"{result.task} accuracy (calibration)"
+    )
+    n = result.candidates[0].n if result.candidates else 0
+    ax.set_title(
+        f"{result.model}: budget {format_bytes(result.kv_budget_bytes)}, n={n} per candidate", fontsize=9
+    )
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_tune(result: TuneResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, str]:
+    """``frontier.json``, ``frontier.png`` and ``tune.json`` in ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = result.to_json()
+    frontier = {
+        k: data[k] for k in ("model", "task", "tasks", "context", "kv_budget_bytes", "dtype", "best", "seeds")
+    }
+    frontier["candidates"] = data["candidates"]
+    (out / "frontier.json").write_text(json.dumps(frontier, indent=1) + "\n")
+    (out / "tune.json").write_text(json.dumps(data, indent=1) + "\n")
+    paths = {"frontier": str(out / "frontier.json"), "tune": str(out / "tune.json")}
+    if plot:
+        try:
+            paths["png"] = str(plot_frontier(result, out / "frontier.png"))
+        except ImportError as err:  # matplotlib is an optional extra; the JSON has every number
+            logger.warning("no plot: %s (pip install 'sinkwindow[eval]')", err)
+    return paths

@@ -1,0 +1,330 @@
+"""Unit scores for hybrids: shapes, determinism, the NLL and mass criteria against direct computations,
+selection, and the ``sinkwindow calibrate`` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import eval_pair
+from sinkwindow import apply, make_cache
+from sinkwindow.eval.niah import generate_niah
+from sinkwindow.tuning import (
+    CAL_SEED,
+    EVAL_SEEDS,
+    calibrate,
+    calibration_prompts,
+    mass_scores,
+    model_units,
+    nll_scores,
+    parse_unit,
+    rank_scores,
+    select_units,
+    spec_with_units,
+    unit_label,
+)
+from sinkwindow.tuning.calibrate import write_calibration
+
+LENGTH = 512  # tiny-pair S-NIAH prompts of ~380-420 tokens: well past the windows below
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return eval_pair()
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    return calibration_prompts(pair[1], samples=3, length=LENGTH)
+
+
+def _direct_answer_nll(model, prompt) -> float:
+    """One forward over prompt + answer (no chunking, no second prefill): the answer tokens' mean NLL."""
+    ids = torch.cat([prompt.input_ids, prompt.answer_ids], dim=1)
+    with torch.no_grad():
+        logits = model(ids, cache=make_cache(model), use_cache=True).logits[0]
+    a = prompt.answer_ids.shape[1]
+    lp = F.log_softmax(logits[-a - 1 : -1].float(), dim=-1)
+    return float(-lp.gather(-1, prompt.answer_ids[0][:, None]).mean())
+
+
+# ---------------------------------------------------------------------------- units and specs
+
+
+def test_unit_labels_round_trip_and_complete_layers_merge(pair):
+    model = pair[0]
+    layers = model_units(model.config, "layer")
+    heads = model_units(model.config, "head")
+    assert layers == [0, 1] and heads == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for u in layers + heads:
+        assert parse_unit(unit_label(u)) == u
+    # Both KV heads of layer 1 named: that is layer 1 full (same KV bytes, the simpler cache).
+    assert str(spec_with_units("swa:64:4", [(1, 0), (0, 1), (1, 1)], kv_heads=2)) == "swa:64:4+full:0.1,1"
+    assert str(spec_with_units("swa:64:4", [1, 0])) == "swa:64:4+full:0,1"
+    assert str(spec_with_units("swa:64:4", [])) == "swa:64:4"
+
+
+def test_calibration_prompts_use_a_seed_no_evaluation_uses(pair):
+    tok = pair[1]
+    assert CAL_SEED not in EVAL_SEEDS
+    cal = calibration_prompts(tok, samples=4, length=LENGTH)
+    assert [p.task for p in cal] == ["niah_single_1", "niah_single_2", "niah_single_3", "niah_single_1"]
+    assert [p.index for p in cal] == [0, 0, 0, 1]
+    evals = {
+        s.outputs[0]
+        for t in ("niah_single_1", "niah_single_2")
+        for s in generate_niah(t, tok, LENGTH, 10, seed=42)
+    }
+    cal_values = [tok.decode(p.answer_ids[0]).strip() for p in cal]
+    assert not set(cal_values) & evals
+    for p in cal:
+        assert p.n_tokens <= LENGTH  # the answer fits the 128-token budget the prompt was sized with
+
+
+# ---------------------------------------------------------------------------- the criteria
+
+
+def test_nll_gain_equals_a_direct_computation(pair, prompts):
+    model, _ = pair
+    ref, gains = nll_scores(model, "swa:64:4", prompts, [1, (0, 1)], chunk_size=100)
+    assert len(gains) == 2
+    direct = {}
+    for spec in ("swa:64:4", "swa:64:4+full:1", "swa:64:4+full:0.1"):
+        apply(model, spec)
+        direct[spec] = sum(_direct_answer_nll(model, p) for p in prompts) / len(prompts)
+    apply(model, "full")
+    assert ref == pytest.approx(direct["swa:64:4"], abs=1e-4)
+    assert gains[0] == pytest.approx(direct["swa:64:4"] - direct["swa:64:4+full:1"], abs=1e-4)
+    assert gains[1] == pytest.approx(direct["swa:64:4"] - direct["swa:64:4+full:0.1"], abs=1e-4)
+
+
+def test_only_the_layer_whose_attention_matters_gains(prompts):
+    """Planted: layer 0's attention output is zeroed, so windowing it changes nothing."""
+    model, _ = eval_pair()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.o_proj.weight.zero_()
+        for p in model.model.layers[1].self_attn.parameters():
+            p.mul_(4.0)  # make layer 1's attention peaked, so its window matters
+    _, gains = nll_scores(model, "swa:32:2", prompts, [0, 1, (1, 0), (1, 1)], chunk_size=128)
+    assert gains[0] == pytest.approx(0.0, abs=1e-6)
+    assert abs(gains[1]) > 1e-3 and abs(gains[2]) > 1e-4 and abs(gains[3]) > 1e-4
+
+
+def test_a_window_longer_than_the_prompt_leaves_nothing_to_gain(pair, prompts):
+    model, _ = pair
+    n = max(p.n_tokens for p in prompts)
+    _, gains = nll_scores(model, f"swa:{n + 8}:4", prompts, [0, 1])
+    assert gains == [pytest.approx(0.0, abs=1e-6)] * 2
+    mass = mass_scores(model, prompts, [(n + 8, 4)])[(n + 8, 4)]
+    assert torch.equal(mass, torch.zeros(2, 2, dtype=torch.float64))
+
+
+def _eager_attentions(model, ids):
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return model(ids, output_attentions=True).attentions  # per layer [1, H, n, n]
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+def _mass_of(attn: torch.Tensor, window: int, sinks: int, first: int, kv_heads: int) -> torch.Tensor:
+    """Direct twin: per KV head, mean over query heads and queries >= first of the dropped keys' weight."""
+    n = attn.shape[-1]
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None]
+    dropped = (j >= sinks) & (j <= i - (window - sinks)) & (j <= i)
+    per_head = (attn[0].double() * dropped).sum(-1)[:, first:].mean(-1)  # [H]
+    return per_head.view(kv_heads, -1).mean(-1)
+
+
+def test_mass_equals_the_eager_attention_weights(pair, prompts):
+    model, _ = pair
+    windows = [(32, 4), (64, 0), (100, 4)]
+    got = mass_scores(model, prompts[:2], windows, last_queries=40, chunk_size=96)
+    want = {ws: torch.zeros(2, 2, dtype=torch.float64) for ws in windows}
+    for p in prompts[:2]:
+        ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
+        attns = _eager_attentions(model, ids)
+        for ws in windows:
+            for layer, a in enumerate(attns):
+                want[ws][layer] += _mass_of(a, *ws, ids.shape[1] - 40, kv_heads=2) / 2
+    for ws in windows:
+        assert got[ws].shape == (2, 2)
+        torch.testing.assert_close(got[ws], want[ws], atol=1e-5, rtol=0)
+
+
+def test_mass_of_a_uniform_layer_is_the_share_of_dropped_keys(prompts):
+    """Planted: layer 1 with zero queries attends uniformly, so its mass is (keys dropped) / (keys seen)."""
+    model, _ = eval_pair()
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_proj.weight.zero_()
+    w, s, m = 48, 4, 64
+    got = mass_scores(model, prompts, [(w, s)], last_queries=m)[(w, s)]
+    want = 0.0
+    for p in prompts:
+        n = p.n_tokens - 1
+        i = torch.arange(n - m, n, dtype=torch.float64)
+        want += float(((i - (w - s) - s + 1).clamp(min=0) / (i + 1)).mean()) / len(prompts)
+    torch.testing.assert_close(got[1], torch.full((2,), want, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert bool((got >= 0).all() and (got <= 1).all())
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+def test_select_units_keeps_the_top_k_and_breaks_ties_by_unit_order():
+    units = [0, 1, 2, 3, 4]
+    scores = [0.1, 0.5, 0.3, 0.5, float("nan")]
+    assert select_units(units, scores, 2) == [1, 3]
+    assert select_units(units, scores, 4) == [1, 3, 2, 0]  # NaN last
+    assert select_units(units, [5, 1, 3, 2, 4], 2, higher_is_better=False) == [1, 3]
+    assert select_units(units, scores, 0) == []
+    with pytest.raises(ValueError, match="choose K from 0 to 5"):
+        select_units(units, scores, 6)
+
+
+def test_rank_averages_the_criteria_ranks():
+    ranks = rank_scores({"nll": [0.3, 0.1, 0.2], "mass": [0.1, 0.9, 0.5]})
+    # nll ranks 1, 3, 2; mass ranks 3, 1, 2.
+    assert ranks == [2.0, 2.0, 2.0]
+    assert rank_scores({"nll": [3.0, 1.0, 2.0], "mass": [3.0, 2.0, 1.0]}) == [1.0, 2.5, 2.5]
+
+
+def test_calibrate_is_deterministic_with_one_score_per_unit(pair):
+    model, tok = pair
+    runs = [
+        calibrate(
+            model, tok, "swa:64:4", 3, by="head", criterion="rank", samples=2, length=LENGTH, progress=False
+        )
+        for _ in range(2)
+    ]
+    a, b = runs
+    assert a.scores == b.scores and a.chosen == b.chosen and a.spec == b.spec
+    assert a.units == ["0.0", "0.1", "1.0", "1.1"]
+    assert set(a.scores) == {"nll", "mass", "rank"} and all(len(v) == 4 for v in a.scores.values())
+    order = sorted(range(4), key=lambda i: (a.scores["rank"][i], i))
+    assert a.chosen == [a.units[i] for i in order[:3]]
+    assert a.top("rank") == a.chosen
+    from sinkwindow import parse_spec
+
+    spec = parse_spec(a.spec)  # 3 of 4 KV heads: one whole layer (merged) and one head, or three heads
+    kept = {(layer, h) for layer in spec.full_layers for h in range(2)} | set(spec.full_heads)
+    assert {unit_label(u) for u in kept} == set(a.chosen)
+
+
+def test_calibrate_refuses_what_cannot_work(pair):
+    model, tok = pair
+    with pytest.raises(ValueError, match="not full"):
+        calibrate(model, tok, "full", 1)
+    with pytest.raises(ValueError, match="plain swa:64:4"):
+        calibrate(model, tok, "swa:64:4+full:1", 1)
+    with pytest.raises(ValueError, match="more than the model's 2 layers"):
+        calibrate(model, tok, "swa:64:4", 3)
+    with pytest.raises(ValueError, match="tune on the test set"):
+        calibrate(model, tok, "swa:64:4", 1, seed=42)
+    with pytest.raises(ValueError, match="fit inside the window"):
+        calibrate(model, tok, "swa:512:4", 1, length=512)
+
+
+def test_json_and_plot_are_written(pair, tmp_path):
+    model, tok = pair
+    for by in ("layer", "head"):
+        res = calibrate(
+            model, tok, "swa:64:4", 1, by=by, criterion="mass", samples=1, length=LENGTH, progress=False
+        )
+        paths = write_calibration(res, tmp_path / by)
+        saved = json.loads((tmp_path / by / "calibrate.json").read_text())
+        assert saved["spec"] == res.spec and saved["scores"]["mass"] == res.scores["mass"]
+        assert saved["seed"] == CAL_SEED and "nll" not in saved["scores"]
+        assert (tmp_path / by / "calibrate.png").stat().st_size > 1000 and paths["png"].endswith(".png")
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def pair_folder(tmp_path_factory, pair):
+    folder = tmp_path_factory.mktemp("pair") / "tiny"
+    pair[0].save_pretrained(folder)
+    pair[1].save_pretrained(folder)
+    return folder
+
+
+def test_calibrate_command_writes_its_files_and_one_json_line(pair_folder, tmp_path, capsys):
+    from sinkwindow.cli import main
+
+    out = tmp_path / "cal"
+    rc = main(["calibrate", "--model", str(pair_folder), "--method", "swa:64:4", "--full-heads", "2",
+               "--samples", "2", "--length", "512", "--out", str(out), "--no-progress", "--threads", "1"])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    info = json.loads(printed.strip().splitlines()[-1])
+    assert info["spec"].startswith("swa:64:4+full:") and len(info["chosen"]) == 2 and info["by"] == "head"
+    assert "top 2 by nll" in printed and "top 2 by mass" in printed
+    saved = json.loads((out / "calibrate.json").read_text())
+    assert saved["spec"] == info["spec"] and (out / "calibrate.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["--method", "full", "--full-layers", "2"], "is not swa:W:S"),
+        (["--method", "evict:64:4", "--full-layers", "2"], "is not swa:W:S"),
+        (["--method", "swa:64:4+full:1", "--full-layers", "2"], "give the plain swa:64:4"),
+        (["--full-layers", "0"], "must be >= 1"),
+        (["--full-layers", "2", "--full-heads", "2"], "not allowed with argument"),
+        ([], "one of the arguments --full-layers --full-heads is required"),
+        (["--full-layers", "2", "--seed", "42"], "tune on the test set"),
+        (["--full-layers", "2", "--length", "100"], "must be >= 256 tokens"),
+        (["--full-layers", "2", "--criterion", "best"], "invalid choice"),
+        (["--full-layers", "2", "--out", "{tmp}/afile.txt"], "is a file: give a folder"),
+        (["--full-layers", "3", "--model", "{model}"], "more than the model's 2 layers: give K from 1 to 2"),
+        (["--full-heads", "5", "--model", "{model}"], "more than the model's 4 KV heads"),
+        (
+            ["--method", "swa:1024:4", "--full-layers", "1", "--length", "512", "--model", "{model}"],
+            "--length above 1024",
+        ),
+    ],
+)
+def test_calibrate_bad_input_fails_in_one_line(pair_folder, tmp_path, capsys, monkeypatch, argv, fragment):
+    from sinkwindow.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile.txt").write_text("x\n")
+    argv = [a.format(tmp=tmp_path, model=pair_folder) for a in argv]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    rc = main(["calibrate", *argv, "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and fragment in errors[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_cli_seed_constants_match_their_sources():
+    from sinkwindow.tuning import HELDOUT_SEED
+    from sinkwindow.tuning import cli as tcli
+
+    assert tcli.CAL_SEED == CAL_SEED and tcli.HELDOUT_SEED == HELDOUT_SEED
+
+
+@pytest.mark.slow
+def test_smollm2_mass_calibration_gives_a_hybrid_that_runs(smollm2):
+    """The real model: the mass criterion's choice is a hybrid the runtime runs, with a finite NLL."""
+    from sinkwindow.tuning import answer_nll
+
+    model, tok = smollm2
+    res = calibrate(model, tok, "swa:256:4", 2, criterion="mass", samples=1, length=1024, progress=False)
+    assert len(res.scores["mass"]) == 30 and len(res.chosen) == 2
+    assert all(0.0 <= m <= 1.0 for m in res.scores["mass"])
+    prompt = calibration_prompts(tok, samples=1, length=1024)[0]
+    apply(model, res.spec)
+    try:
+        nll = answer_nll(model, prompt, chunk_size=256)
+    finally:
+        apply(model, "full")
+    assert 0.0 <= nll < 20.0

@@ -218,7 +218,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Searches windows W, sinks S and K full units (ranked by calibrate's criterion) whose KV "
         "cache at --context fits --kv-budget, scores each on calibration samples, writes the Pareto frontier "
         "(frontier.json, frontier.png) and tune.json, and reports the best spec, full attention and the "
-        "best's plain swa:W:S on held-out samples of another seed, with 95%% intervals.",
+        "best's plain swa:W:S on held-out samples of another seed, with 95% intervals.",
     )
     cli_args.add_model(p)
     p.add_argument("--kv-budget", type=kv_budget, required=True, metavar="BYTES",

@@ -236,3 +236,24 @@ def test_check_gemma3_270m():
     report = check_model(model, "swa:64:4", name="gemma3-270m")
     assert report.ok, report.table()
     assert report.layers == 18 and report.cache_entries == [63] * 18
+
+
+def test_check_holds_hybrid_specs_to_the_reference_and_their_own_bounds():
+    """Full layers are bounded by the sequence, windowed ones by W - 1; the copy reaches the units."""
+    model = tiny_model("llama")
+    report = check_model(model, "swa:8:2+full:1,2.0", layers=None)
+    assert report.ok, report.failed
+    assert report.cache_bounds == [7, report.seq_len, 7]
+    assert report.cache_entries == report.cache_bounds
+    # A one-layer reference copy leaves unit 1 out of the reference but not out of the other checks.
+    report = check_model(model, "swa:8:2+full:1", layers=1)
+    assert report.ok and report.reference_layers == 1
+
+
+def test_a_full_layer_that_evicts_fails_loudly(monkeypatch):
+    from sinkwindow.cache import FullAttentionLayer
+
+    # Loud, not a silently windowed "full" layer.
+    monkeypatch.setattr(FullAttentionLayer, "max_persisted", property(lambda self: 7))
+    with pytest.raises(RuntimeError, match="evicted keys of a full layer"):
+        check_model(tiny_model("llama"), "swa:8:2+full:1")

@@ -173,6 +173,12 @@ def attention(
         )
     else:
         mask = full_mask(layer, cache, q_length, query.device)
+    if mask.shape[-1] != key.shape[-2]:
+        # A full store must hold every key it returned; anything else is a cache that evicted.
+        raise RuntimeError(
+            f"hybrid layer {unit.layer_idx}: its full-attention store holds {mask.shape[-1]} keys after the "
+            f"update but attention got {key.shape[-2]}: the cache evicted keys of a full layer"
+        )
     if additive:
         zero = torch.zeros((), dtype=query.dtype, device=query.device)
         mask = torch.where(mask, zero, torch.finfo(query.dtype).min)

@@ -267,6 +267,7 @@ def test_calibrate_command_writes_its_files_and_one_json_line(pair_folder, tmp_p
     assert "top 2 by nll" in printed and "top 2 by mass" in printed
     saved = json.loads((out / "calibrate.json").read_text())
     assert saved["spec"] == info["spec"] and (out / "calibrate.png").is_file()
+    assert "versions" in saved["provenance"] and saved["provenance"]["command"].startswith("sinkwindow")
 
 
 @pytest.mark.parametrize(

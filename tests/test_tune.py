@@ -240,6 +240,7 @@ def test_tune_command_writes_its_files_and_one_json_line(pair_folder, tmp_path, 
     assert "best:" in printed and info["best"] in printed
     for name in ("frontier.json", "frontier.png", "tune.json"):
         assert (out / name).is_file()
+    assert "torch" in json.loads((out / "tune.json").read_text())["provenance"]["versions"]
 
 
 @pytest.mark.parametrize(

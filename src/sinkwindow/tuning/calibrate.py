@@ -676,6 +676,16 @@ def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
     return path
 
 
+def provenance() -> dict:
+    """What produced a calibrate/tune output: the command line and the library versions."""
+    import shlex
+    import sys
+
+    from ..eval.results import library_versions
+
+    return {"command": shlex.join(["sinkwindow", *sys.argv[1:]]), "versions": library_versions()}
+
+
 def write_calibration(result: CalibrationResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, str]:
     """``calibrate.json`` (and ``calibrate.png``) in ``out_dir``; returns their paths."""
     import json
@@ -683,7 +693,8 @@ def write_calibration(result: CalibrationResult, out_dir: str | Path, *, plot: b
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": str(out / "calibrate.json")}
-    (out / "calibrate.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    data = {**result.to_json(), "provenance": provenance()}
+    (out / "calibrate.json").write_text(json.dumps(data, indent=1) + "\n")
     if plot:
         try:
             paths["png"] = str(plot_scores(result, out / "calibrate.png"))

@@ -49,6 +49,7 @@ from .calibrate import (
     calibration_prompts,
     check_calibration_seed,
     model_units,
+    provenance,
     score_units,
     select_units,
     spec_with_units,
@@ -670,11 +671,12 @@ def write_tune(result: TuneResult, out_dir: str | Path, *, plot: bool = True) ->
     """``frontier.json``, ``frontier.png`` and ``tune.json`` in ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = result.to_json()
+    data = {**result.to_json(), "provenance": provenance()}
     frontier = {
         k: data[k] for k in ("model", "task", "tasks", "context", "kv_budget_bytes", "dtype", "best", "seeds")
     }
     frontier["candidates"] = data["candidates"]
+    frontier["provenance"] = data["provenance"]
     (out / "frontier.json").write_text(json.dumps(frontier, indent=1) + "\n")
     (out / "tune.json").write_text(json.dumps(data, indent=1) + "\n")
     paths = {"frontier": str(out / "frontier.json"), "tune": str(out / "tune.json")}

@@ -34,6 +34,7 @@ __all__ = [
     "DTYPES",
     "SIZE_UNITS",
     "SIZE_HELP",
+    "THREADS_HELP",
     "USER_ERRORS",
     "MethodsAction",
     "CheckpointAction",
@@ -273,7 +274,7 @@ def linear_method(text: str) -> str:
     return spec
 
 
-def _method_items(text: str) -> list[str]:
+def _method_items(text: str, other: Callable[[str], str | None] | None = None) -> list[str]:
     from .spec import split_specs
 
     parts = split_specs(text)
@@ -281,18 +282,24 @@ def _method_items(text: str) -> list[str]:
         raise argparse.ArgumentTypeError("give at least one method spec, e.g. full,swa:64:4")
     if not all(parts):
         raise argparse.ArgumentTypeError(f"empty item in {text!r}: separate methods with single commas")
-    return [method(p) for p in parts]
+    return [(other(p) if other is not None else None) or method(p) for p in parts]
 
 
 class MethodsAction(argparse.Action):
     """``--methods a,b --methods c`` -> ``["a", "b", "c"]``, each canonical; repeats are refused.
 
-    The first use replaces the default (argparse's ``append`` would add to it).
+    The first use replaces the default (argparse's ``append`` would add to it). ``other``: names
+    one command accepts beside specs (``bench``'s peers): the canonical name, ``None`` for a name
+    that is not one of them (then it must be a spec), or ``argparse.ArgumentTypeError``.
     """
+
+    def __init__(self, *args, other: Callable[[str], str | None] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.other = other
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
-            items = _method_items(values)
+            items = _method_items(values, self.other)
         except argparse.ArgumentTypeError as err:
             raise argparse.ArgumentError(self, str(err)) from None
         current = getattr(namespace, self.dest, None)
@@ -518,15 +525,21 @@ def add_method(
 
 
 def add_methods(
-    p: argparse.ArgumentParser, default: Sequence[str] | None, *, help: str | None = None
+    p: argparse.ArgumentParser,
+    default: Sequence[str] | None,
+    *,
+    help: str | None = None,
+    other: Callable[[str], str | None] | None = None,
 ) -> None:
-    """``--method`` / ``--methods``: specs, comma-separated and/or repeated (dest ``methods``)."""
+    """``--method`` / ``--methods``: specs, comma-separated and/or repeated (dest ``methods``);
+    ``other``: names the command takes beside specs (see :class:`MethodsAction`)."""
     shown = ",".join(default) if default else "see below"
     p.add_argument(
         "--method",
         "--methods",
         dest="methods",
         action=MethodsAction,
+        other=other,
         default=list(default) if default is not None else None,
         metavar="SPECS",
         help=help or f"method specs, comma-separated and/or repeated (default: {shown})",
@@ -620,9 +633,18 @@ def add_chunk_size(
     )
 
 
+THREADS_HELP = (
+    "torch CPU threads (default: OMP_NUM_THREADS if set, else 1 while other processes load the machine "
+    "(1-minute load >= cores - 0.5) and every core otherwise; printed on stderr). On a busy machine more "
+    "threads are slower: OpenMP threads spin waiting for each other at every op"
+)
+
+
 def add_threads(
     p: argparse.ArgumentParser, *, help: str = "torch CPU threads (default: torch's choice)"
 ) -> None:
+    """``--threads N``; commands that choose a count when it is not given (``sinkwindow.threads``:
+    ``bench``, ``eval``, ``compare``) say so with ``help=THREADS_HELP``."""
     p.add_argument("--threads", type=integer(1, what="--threads"), default=None, help=help)
 
 

@@ -7,7 +7,8 @@ Imports the core (``sinkwindow``); the core never imports this package.
     >>> write_report(rows, "runs/bench")
 
 Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``runner_for``
-(a method's setup and fast state fill), ``measure_decode`` / ``measure_prefill`` (one row each),
+(a method's or a peer's setup and fast state fill, ``bench.peers``), ``measure_decode`` /
+``measure_prefill`` (one row each),
 ``measure_bandwidth`` / ``weight_bytes_per_token`` (the roofline), ``analytic_state_bytes`` /
 ``cache_nbytes`` / ``PeakMemory`` (memory), ``check_targets`` / ``write_report``.
 """
@@ -15,7 +16,7 @@ Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``
 from ..cache import cache_lengths, cache_nbytes
 from .decode import measure_decode, measure_decode_interleaved, measure_paired
 from .memory import PeakMemory, analytic_state_bytes
-from .methods import RUNNERS, MethodRunner, MethodUnavailable, runner_for
+from .methods import PEERS, RUNNERS, MethodRunner, MethodUnavailable, runner_for
 from .prefill import measure_prefill, measure_prefill_interleaved
 from .report import ROW_FIELDS, check_targets, load_rows, markdown_report, validate_row, write_report
 from .roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
@@ -33,6 +34,7 @@ __all__ = [
     "MethodRunner",
     "MethodUnavailable",
     "RUNNERS",
+    "PEERS",
     "runner_for",
     "measure_decode",
     "measure_decode_interleaved",

@@ -2,7 +2,13 @@
 
     sinkwindow bench --quick
     sinkwindow bench --model synthetic --methods full,swa:64:4,swa:512:4 --contexts 1K,8K,64K,256K --steps 32
+    sinkwindow bench --model smollm2-135m --methods full,peer:static-full,swa:64:0,peer:mistral-sw:64 --contexts 2K,8K
     sinkwindow bench --report-only --out runs/bench     # rebuild bench.md / plots from bench.jsonl
+
+Peers, other implementations timed in the same run, are named in --methods beside the specs:
+peer:static-full (full attention in transformers' preallocated StaticCache; decode step compiled on
+CUDA, eager on CPU; :compiled / :eager to choose) and peer:mistral-sw:W (transformers' own sliding
+window: the Llama-family model's weights in MistralForCausalLM with sliding_window = W, stock cache).
 
 Writes ``DIR/bench.jsonl`` (one row per measurement), ``DIR/meta.json``, ``DIR/bench.md``,
 ``DIR/targets.json`` and PNG plots; prints one progress line per row and ends stdout with a
@@ -16,6 +22,7 @@ import json
 import sys
 
 from .. import args as cli_args
+from .peers import PEER_HELP, is_peer, parse_peer
 
 __all__ = ["register", "build_parser", "main", "parse_contexts"]
 
@@ -44,6 +51,16 @@ def parse_contexts(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _peer_name(text: str) -> str | None:
+    """``--methods`` items that name a peer (``bench.peers``); ``None`` for a method spec."""
+    if not is_peer(text):
+        return None
+    try:
+        return parse_peer(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _names(text: str) -> tuple[str, ...]:
     names = tuple(p.strip() for p in str(text).split(","))
     if not all(names):
@@ -64,7 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cli_args.add_methods(
         g,
         None,
-        help="method specs, comma-separated and/or repeated (default: full,swa:64:4,swa:512:4,linear,lolcats:64)",
+        help="method specs and peers, comma-separated and/or repeated (default: full,swa:64:4,swa:512:4,linear,"
+        f"lolcats:64); peers: {PEER_HELP}",
+        other=_peer_name,
     )
     g.add_argument(
         "--contexts",
@@ -119,11 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="auto (cuda if present), cpu, cuda[:i] (default: auto)",
     )
     cli_args.add_dtype(d, None, auto=True, shown="float32 on CPU, bfloat16 on CUDA")
-    cli_args.add_threads(
-        d,
-        help="torch CPU threads (default: torch's choice); on a machine shared with other busy processes use 1: "
-        "OpenMP threads that wait for each other at every op made 2-thread decode ~3x slower here",
-    )
+    cli_args.add_threads(d, help=cli_args.THREADS_HELP)
     d.add_argument(
         "--bandwidth-mib",
         type=cli_args.integer(0, what="--bandwidth-mib"),

@@ -4,8 +4,9 @@ Method (gpt-fast's, STYLE.md §8): build the state at context n (a real prefill 
 ``real_prefill_max`` tokens, else the runner's ``fill``, which leaves the same cache shapes and
 layout, see ``methods``), run ``warmup`` greedy decode steps that are not counted, then time
 ``steps`` single-token forwards, synchronising the device before every clock read. Each step is
-one ``model(token, cache=cache)`` call: embedding, every layer with its cache update and mask,
-and the LM head; the argmax that picks the next token is inside the timed region too.
+one ``runner.step(token, cache)`` call (``model(token, cache=cache)``, or a peer's compiled step):
+embedding, every layer with its cache update and mask, and the LM head; the argmax that picks the
+next token is inside the timed region too.
 
 ``ms_per_token`` is the median step (robust to other processes sharing the CPU); the mean and
 min are recorded beside it. Memory: analytic bytes from the config, tensor bytes held by the cache
@@ -143,13 +144,13 @@ def measure_decode_interleaved(
         }
         del logits, ids
         for _ in range(warmup):
-            _step(model, st, device)
+            _step(runner, st, device)
         if len(contexts) > 1:
             mem.__exit__(None, None, None)
         states.append(st)
     for i in range(steps):
         for st in states if i % 2 == 0 else reversed(states):
-            st["times"].append(_step(model, st, device))
+            st["times"].append(_step(runner, st, device))
     if len(contexts) == 1:
         states[0]["mem"].__exit__(None, None, None)
     rows = []
@@ -159,7 +160,8 @@ def measure_decode_interleaved(
         rows.append(
             {
                 "kind": "decode",
-                "method": str(runner.spec),
+                "method": runner.name,
+                **runner.row_fields(),
                 "context": context,
                 "status": "ok",
                 "reason": None,
@@ -189,12 +191,11 @@ def measure_decode_interleaved(
     return rows
 
 
-def _step(model, st: dict, device: torch.device) -> float:
+def _step(runner: MethodRunner, st: dict, device: torch.device) -> float:
     """One timed greedy decode step on state ``st``; returns seconds."""
     synchronize(device)
     t = time.perf_counter()
-    out = model(st["token"], cache=st["cache"], use_cache=True)
-    st["token"] = out.logits[:, -1].argmax(-1, keepdim=True)
+    st["token"] = runner.step(st["token"], st["cache"]).argmax(-1, keepdim=True)
     synchronize(device)
     return time.perf_counter() - t
 
@@ -224,15 +225,17 @@ def measure_paired(
 
     Args:
         runner: the method (e.g. SWA(w, s)).
-        baseline: the reference on the same model (``full``: the unpatched model).
+        baseline: the reference on the same model (``full``: the unpatched model), or a peer
+            running the same weights (``peer:mistral-sw:W`` for ``swa:W:0``).
         context, steps, warmup, chunk_size, real_prefill_max, seed: as in ``measure_decode``.
 
     Returns:
         A row with ``kind == "paired"``: ``ms_per_token`` (the method's median step),
         ``ms_per_token_baseline``, their minima, ``ratio``, ``ratio_paired`` and both cache sizes.
     """
-    if runner.model is not baseline.model:
-        raise ValueError("measure_paired compares two methods on one model")
+    if runner.model is not baseline.model and baseline.peer is None:
+        # A peer (bench.peers) runs its own copy of the model's weights; anything else must share it.
+        raise ValueError("measure_paired compares two methods on one model, or a method and its peer")
     model = runner.model
     device = next(model.parameters()).device
     ids = random_ids(model.config.get_text_config(decoder=True).vocab_size, context, seed).to(device)
@@ -252,19 +255,18 @@ def measure_paired(
                     token, cache = state[i]
                     synchronize(device)
                     t = time.perf_counter()
-                    out = model(token, cache=cache, use_cache=True)
-                    state[i][0] = out.logits[:, -1].argmax(-1, keepdim=True)
+                    state[i][0] = pair[i].step(token, cache).argmax(-1, keepdim=True)
                     synchronize(device)
                     if step >= warmup:
                         times[i].append(time.perf_counter() - t)
-                del out
         del state
     ratios = [p / b for p, b in zip(times[1], times[0])]
     median_ms = 1e3 * statistics.median(times[1])
     return {
         "kind": "paired",
-        "method": str(runner.spec),
-        "baseline": str(baseline.spec),
+        "method": runner.name,
+        "baseline": baseline.name,
+        **{f"baseline_{k}": v for k, v in baseline.row_fields().items()},
         "context": context,
         "status": "ok",
         "reason": None,

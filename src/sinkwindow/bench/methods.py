@@ -12,6 +12,8 @@ A ``MethodRunner`` owns one (model, spec) pair for the length of a measurement:
 
 Methods are looked up by spec kind in ``RUNNERS``, a plain dict: a new method is one subclass
 (``activate``/``deactivate``/``new_cache``/``fill``) and one entry, and no change anywhere else.
+Peers, other implementations timed beside ours (``bench.peers``), are looked up the same way by
+peer kind in ``PEERS``; their rows carry the peer's name as ``method``.
 """
 
 from __future__ import annotations
@@ -21,22 +23,26 @@ import logging
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from ..cache import FullAttentionLayer, SinkWindowLayer
 from ..patch import apply, make_cache
-from ..prefill import prefill
+from ..prefill import input_device, prefill
 from ..spec import MethodSpec, parse_spec
 from ..switch import use_method
 from .memory import analytic_state_bytes
+from .peers import is_peer, parse_peer, peer_kind, peer_window
 
 __all__ = [
     "MethodRunner",
     "FullRunner",
+    "FullStaticRunner",
+    "MistralSlidingRunner",
     "WindowRunner",
     "LinearRunner",
     "MethodUnavailable",
     "RUNNERS",
+    "PEERS",
     "runner_for",
 ]
 
@@ -57,10 +63,25 @@ class MethodRunner:
 
     #: whether decode cost and state size stay flat with context (no time or memory cap needed).
     bounded = True
+    #: a peer's kind (``bench.peers``); ``None`` for sinkwindow's own methods.
+    peer: str | None = None
 
     def __init__(self, model: PreTrainedModel, spec: MethodSpec):
         self.model = model
         self.spec = spec
+
+    @property
+    def name(self) -> str:
+        """What the rows call this method: its spec, or a peer's name."""
+        return str(self.spec)
+
+    def row_fields(self) -> dict:
+        """Fields every row of this runner records beside ``method`` (a peer says which, and how run)."""
+        return {}
+
+    def step(self, token: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """One decode step of ``token`` ``[batch, 1]``: the next token's logits ``[batch, vocab]``."""
+        return self.model(token, cache=cache, use_cache=True).logits[:, -1]
 
     def activate(self) -> None:
         apply(self.model, self.spec)
@@ -143,6 +164,180 @@ class FullRunner(MethodRunner):
             raise RuntimeError(
                 f"full-attention fill: cache holds {cache.get_seq_length()} tokens, expected {n}"
             )
+        return logits, cache
+
+
+def _tile_in_place(store: torch.Tensor, p: int, n: int) -> None:
+    """Copy ``store[..., :p, :]`` over ``store[..., p:n, :]`` in place (a static buffer keeps its address)."""
+    for start in range(p, n, p):
+        end = min(start + p, n)
+        store[:, :, start:end].copy_(store[:, :, : end - start])
+
+
+class FullStaticRunner(FullRunner):
+    """Peer ``peer:static-full``: dense attention through transformers' ``StaticCache``.
+
+    The cache is preallocated for the context plus ``headroom`` decode steps and written in place, so
+    a decode step reads a fixed ``n + headroom`` keys under a mask and never concatenates (what
+    ``DynamicCache`` does every step, whose copies would inflate SWA's advantage). The decode step is
+    ``torch.compile``d (``mode="reduce-overhead"``, CUDA graphs) where ``compile``, by default on CUDA
+    only: on CPU each context's compile takes tens of seconds (30 s for a tiny Llama on a loaded
+    2-core box) for little gain. Compilation happens in the first decode step of each context (a
+    warm-up step, untimed: keep ``warmup`` >= 1); each context gets a fresh graph (its cache's shapes).
+
+    ``fill`` prefills a short real prompt into the static buffers, tiles its keys and values in place
+    along the sequence to n entries (as ``FullRunner`` does) and sets the write position to n.
+
+    Args:
+        model: a transformers causal LM.
+        name: ``peer:static-full`` (compile on CUDA only), ``...:compiled`` or ``...:eager``.
+        headroom: decode steps the cache must have room for after the context.
+    """
+
+    peer = "static-full"
+
+    def __init__(self, model: PreTrainedModel, name: str = "peer:static-full", *, headroom: int = 64):
+        super().__init__(model, parse_spec("full"))
+        choice = parse_peer(name).split(":")[2:]
+        self.compile = choice == ["compiled"] if choice else input_device(model).type == "cuda"
+        self.headroom = headroom
+        self._compiled = None
+
+    @property
+    def name(self) -> str:
+        return f"peer:static-full:{'compiled' if self.compile else 'eager'}"
+
+    def row_fields(self) -> dict:
+        return {"peer": self.peer, "compile": self.compile, "cache_headroom": self.headroom}
+
+    def prefill_chunk(self, n: int, chunk_size: int) -> int:
+        # A static cache attends over its whole buffer under an explicit mask (no is_causal): chunks
+        # keep that mask at chunk x (n + headroom) instead of n x n.
+        return chunk_size
+
+    def static_cache(self, n: int) -> StaticCache:
+        """An empty ``StaticCache`` for n tokens plus the headroom (and, compiling, a fresh graph)."""
+        if self.compile:
+            torch._dynamo.reset()  # a new cache has new shapes: compile for it, not past the recompile limit
+            mode = "reduce-overhead" if input_device(self.model).type == "cuda" else None
+            self._compiled = torch.compile(self.model.forward, mode=mode, dynamic=False)
+        return StaticCache(config=self.model.config, max_cache_len=n + self.headroom)
+
+    def prefill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n = ids.shape[1]
+        return prefill(
+            self.model, ids, chunk_size=chunk_size, cache=self.static_cache(n), return_logits="last"
+        )
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n = ids.shape[1]
+        if n <= self.seed_tokens:
+            return self.prefill(ids, chunk_size)
+        p = self.seed_tokens
+        cache = self.static_cache(n)
+        logits, cache = prefill(self.model, ids[:, :p], chunk_size=p, cache=cache, return_logits="last")
+        for layer in cache.layers:
+            _tile_in_place(layer.keys, p, n)  # [batch, kv_heads, n + headroom, head_dim]
+            _tile_in_place(layer.values, p, n)
+            layer.cumulative_length.fill_(n)  # in place: compiled graphs hold its address
+        if int(cache.get_seq_length()) != n:
+            raise RuntimeError(
+                f"static-cache fill: cache at {int(cache.get_seq_length())} tokens, expected {n}"
+            )
+        return logits, cache
+
+    def step(self, token: torch.Tensor, cache: Cache) -> torch.Tensor:
+        if self._compiled is None:
+            return super().step(token, cache)
+        return self._compiled(input_ids=token, cache=cache, use_cache=True).logits[:, -1]
+
+    def analytic_bytes(self, context: int, batch: int = 1) -> int:
+        return analytic_state_bytes(
+            self.spec, self.model.config, context + self.headroom, dtype=self.model.dtype, batch=batch
+        )
+
+
+class MistralSlidingRunner(MethodRunner):
+    """Peer ``peer:mistral-sw:W``: transformers' own sliding window on the model under test.
+
+    The model's weights go into a ``MistralForCausalLM`` whose config is the Llama config with
+    ``sliding_window = W`` (Mistral is Llama plus the window, so the weights load unchanged and are
+    shared, not copied). It runs unpatched, with its stock cache (``DynamicCache`` of
+    ``DynamicSlidingWindowLayer``: the last W - 1 keys, concatenated with the query's each step)
+    and transformers' sliding-window masks; it computes what ``swa:W:0`` does, logits equal.
+
+    ``fill`` prefills the first W tokens for real (each layer then holds W - 1 keys), advances every
+    layer's ``cumulative_length`` to n - W, then prefills the last W tokens, at positions n-W..n-1: the
+    layers hold the last W - 1 keys at cumulative length n, the state a real n-token prefill leaves
+    (and the last query sees exactly its real keys, as in ``WindowRunner``).
+
+    Raises:
+        MethodUnavailable: the model is not a Llama-family model.
+    """
+
+    peer = "mistral-sw"
+
+    def __init__(self, model: PreTrainedModel, name: str, *, headroom: int = 64):
+        from transformers import MistralConfig, MistralForCausalLM
+
+        window = peer_window(name)
+        config = model.config
+        if getattr(config, "model_type", None) != "llama" or getattr(config, "attention_bias", False):
+            raise MethodUnavailable(
+                f"{name}: needs a Llama-family model without attention biases (its weights load into "
+                f"MistralForCausalLM unchanged); this one is {getattr(config, 'model_type', type(model).__name__)}"
+            )
+        settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        peer_config = MistralConfig(**settings, sliding_window=window)
+        peer_model = MistralForCausalLM._from_config(
+            peer_config, attn_implementation="sdpa", dtype=model.dtype
+        )
+        peer_model.to(input_device(model))
+        try:
+            # assign: the peer's parameters are the model's own tensors (no second copy of the weights).
+            peer_model.load_state_dict(model.state_dict(), strict=True, assign=True)
+        except RuntimeError as err:
+            first = str(err).strip().splitlines()[0]
+            raise MethodUnavailable(
+                f"{name}: the weights do not load into MistralForCausalLM ({first})"
+            ) from err
+        peer_model.tie_weights()
+        super().__init__(peer_model.eval(), parse_spec(f"swa:{window}:0"))
+        self.window = window
+
+    @property
+    def name(self) -> str:
+        return f"peer:mistral-sw:{self.window}"
+
+    def row_fields(self) -> dict:
+        return {"peer": self.peer, "compile": False, "window": self.window}
+
+    def activate(self) -> None:
+        pass  # the peer model is never patched
+
+    def deactivate(self) -> None:
+        pass
+
+    def new_cache(self) -> Cache:
+        return DynamicCache(config=self.model.config)
+
+    def fill(self, ids: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, Cache]:
+        n, w = ids.shape[1], self.window
+        if n <= 2 * w + chunk_size:
+            return self.prefill(ids, chunk_size)
+        cache = self.new_cache()
+        prefill(self.model, ids[:, :w], chunk_size=chunk_size, cache=cache, return_logits="none")
+        for layer in cache.layers:
+            layer.cumulative_length = n - w  # its W - 1 keys now stand for positions n-2W+1..n-W
+        logits, cache = prefill(
+            self.model, ids[:, n - w :], chunk_size=chunk_size, cache=cache, return_logits="last"
+        )
+        for layer in cache.layers:
+            if layer.cumulative_length != n or layer.keys.shape[-2] != w - 1:
+                raise RuntimeError(
+                    f"{self.name} fill: layer holds {layer.keys.shape[-2]} keys at {layer.cumulative_length}, "
+                    f"expected {w - 1} at {n}"
+                )
         return logits, cache
 
 
@@ -303,12 +498,23 @@ RUNNERS: dict[str, type[MethodRunner]] = {
 }
 
 
-def runner_for(model: PreTrainedModel, spec: str | MethodSpec) -> MethodRunner:
-    """The runner for ``spec`` on ``model``.
+PEERS: dict[str, type[MethodRunner]] = {
+    "static-full": FullStaticRunner,
+    "mistral-sw": MistralSlidingRunner,
+}
+
+
+def runner_for(model: PreTrainedModel, spec: str | MethodSpec, *, headroom: int = 64) -> MethodRunner:
+    """The runner for ``spec`` (a method spec, or a peer's name: ``bench.peers``) on ``model``.
+
+    Args:
+        headroom: decode steps a peer's preallocated cache must have room for after the context.
 
     Raises:
         MethodUnavailable: the method cannot run in this install (or on this model).
     """
+    if isinstance(spec, str) and is_peer(spec):
+        return PEERS[peer_kind(spec)](model, spec, headroom=headroom)
     spec = parse_spec(spec)
     if spec.positions != "absolute":
         raise MethodUnavailable(f"{spec}: only absolute positions are implemented")

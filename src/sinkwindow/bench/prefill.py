@@ -67,7 +67,8 @@ def measure_prefill(runner: MethodRunner, context: int, *, chunk_size: int = 512
         del cache
     return {
         "kind": "prefill",
-        "method": str(runner.spec),
+        "method": runner.name,
+        **runner.row_fields(),
         "context": context,
         "status": "ok",
         "reason": None,
@@ -138,7 +139,8 @@ def measure_prefill_interleaved(
         rows.append(
             {
                 "kind": "prefill",
-                "method": str(runner.spec),
+                "method": runner.name,
+                **runner.row_fields(),
                 "context": n,
                 "status": "ok",
                 "reason": None,

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..spec import parse_spec
+from .peers import is_peer, method_name, peer_kind, peer_window
 
 __all__ = [
     "ROW_FIELDS",
@@ -24,6 +25,7 @@ __all__ = [
     "check_targets",
     "markdown_report",
     "plot_model",
+    "peer_ratios",
     "write_report",
     "summary",
     "fmt_bytes",
@@ -51,7 +53,8 @@ _NUMBERS_WHEN_OK = ("ms_per_token", "tokens_per_s", "kv_bytes", "peak_rss_bytes"
 def validate_row(row: dict) -> None:
     """Raise ``ValueError`` unless ``row`` follows the schema.
 
-    Every row has ``ROW_FIELDS``; ``kind`` is one of ``ROW_KINDS``; ``status`` is ``ok`` (the
+    Every row has ``ROW_FIELDS``; ``kind`` is one of ``ROW_KINDS``; ``method`` a method spec or a
+    peer's name (``bench.peers``); ``status`` is ``ok`` (the
     numbers are present, non-negative, and ``prefill_s`` is set for prefill rows) or ``skipped``
     (``reason`` is a non-empty string).
     """
@@ -60,7 +63,7 @@ def validate_row(row: dict) -> None:
         raise ValueError(f"row lacks {missing}: {row}")
     if row["kind"] not in ROW_KINDS:
         raise ValueError(f"row kind must be one of {ROW_KINDS}, got {row['kind']!r}")
-    parse_spec(row["method"])
+    method_name(row["method"])
     if not isinstance(row["context"], int) or row["context"] <= 0:
         raise ValueError(f"context must be a positive int, got {row['context']!r}")
     if row["status"] == "skipped":
@@ -128,6 +131,7 @@ def check_targets(
     prefill_ratio_max: float = 2.3,
     overhead_tolerance: float = 0.10,
     roofline_max: float = 2.0,
+    native_max: float = 1.0,
     stat: str = "ms_per_token",
 ) -> list[dict]:
     """Check the issue's efficiency targets against measured rows (ratios within one run).
@@ -142,6 +146,9 @@ def check_targets(
         synthetic_model: model for the scaling targets (default ``synthetic`` if present, else
             the first model).
         roofline_model: model for the roofline target (default the first non-synthetic model).
+        native_max: ``swa_vs_native_sliding``'s bound on ``swa:W:0`` ms/token ÷ the peer
+            ``peer:mistral-sw:W``'s (transformers' own sliding window, same W), on every model and
+            context where both were measured (alternating-step cells where there are some).
         stat: which decode time to compare: ``"ms_per_token"`` (median step, the default) or
             ``"ms_per_token_min"`` (fastest step: the least disturbed by other processes).
 
@@ -149,7 +156,9 @@ def check_targets(
         ``[{"name", "goal", "value", "ok", "detail"}, ...]``.
     """
     if window_method is None:
-        swa_methods = [r["method"] for r in rows if parse_spec(r["method"]).kind == "swa"]
+        swa_methods = [
+            r["method"] for r in rows if not is_peer(r["method"]) and parse_spec(r["method"]).kind == "swa"
+        ]
         window_method = "swa:64:4" if "swa:64:4" in swa_methods or not swa_methods else swa_methods[0]
     window = parse_spec(window_method).window
     models = _models(rows)
@@ -303,7 +312,43 @@ def check_targets(
                 "not measured",
             )
         )
+    targets.append(_native_sliding_target(rows, native_max, stat))
     return targets
+
+
+def _native_sliding_target(rows: list[dict], native_max: float, stat: str) -> dict:
+    """``swa_vs_native_sliding``: sinkwindow's ``swa:W:0`` against transformers' sliding window at equal W."""
+    base = stat.replace("ms_per_token", "ms_per_token_baseline")
+    ratios: dict[str, float] = {}
+    paired_keys = set()
+    for r in rows:
+        if r["kind"] == "paired" and r["status"] == "ok" and is_peer(r.get("baseline", "")):
+            w = peer_window(r["baseline"])
+            if w is not None and r["method"] == f"swa:{w}:0":
+                key = f"{r['model']}@{r['context']} w{w}"
+                ratios[key] = round(r[stat] / r[base], 3)
+                paired_keys.add(key)
+    peers = [r for r in rows if r["kind"] == "decode" and r["status"] == "ok" and is_peer(r["method"])]
+    ours = {(r["model"], r["method"], r["context"]): r for r in _ok(rows, "decode")}
+    for p in peers:
+        w = peer_window(p["method"])
+        mine = ours.get((p["model"], f"swa:{w}:0", p["context"])) if w is not None else None
+        key = f"{p['model']}@{p['context']} w{w}"
+        if mine is not None and key not in ratios:
+            ratios[key] = round(mine[stat] / p[stat], 3)
+    return _target(
+        "swa_vs_native_sliding",
+        f"swa:W:0 decode at most {native_max:g}x transformers' own sliding window (peer:mistral-sw:W) at equal W",
+        ratios or None,
+        all(v <= native_max for v in ratios.values()) if ratios else None,
+        (
+            f"ms/token swa:W:0 / peer; alternating steps at {sorted(paired_keys)}, separate cells elsewhere"
+            if paired_keys
+            else "ms/token swa:W:0 / peer (separate cells)"
+        )
+        if ratios
+        else "not measured: run peer:mistral-sw:W beside swa:W:0 (a Llama-family model)",
+    )
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -338,6 +383,60 @@ def _table(
                 note = notes.setdefault(r["reason"], len(notes) + 1)
                 cells.append(f"skip [{note}]")
         lines.append(f"| {_fmt_ctx(n)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def peer_ratios(rows: list[dict], model: str) -> list[dict]:
+    """Decode cells of sinkwindow's methods beside a peer's at the same context, as ratios.
+
+    ``peer:mistral-sw:W`` is compared with the windowed methods of the same W (``swa:W:S``,
+    ``evict:W:S``); ``peer:static-full:*`` with every method (``full`` is the same attention through
+    ``DynamicCache``). Returns ``[{"method", "peer", "context", "ms", "peer_ms", "ratio"}]``.
+    """
+    decode = _ok(rows, "decode", model)
+    out = []
+    for p in (r for r in decode if is_peer(r["method"])):
+        w = peer_window(p["method"])
+        for r in decode:
+            if is_peer(r["method"]) or r["context"] != p["context"]:
+                continue
+            spec = parse_spec(r["method"])
+            if peer_kind(p["method"]) == "mistral-sw" and (
+                spec.kind not in ("swa", "evict") or spec.window != w
+            ):
+                continue
+            out.append(
+                {
+                    "method": r["method"],
+                    "peer": p["method"],
+                    "context": r["context"],
+                    "ms": r["ms_per_token"],
+                    "peer_ms": p["ms_per_token"],
+                    "ratio": r["ms_per_token"] / p["ms_per_token"],
+                }
+            )
+    return out
+
+
+def _peer_table(rows: list[dict], model: str) -> list[str]:
+    ratios = peer_ratios(rows, model)
+    if not ratios:
+        return []
+    lines = [
+        "",
+        "### Peers: sinkwindow ÷ peer, decode ms/token at the same context (separate cells of this run)",
+        "",
+        "`peer:mistral-sw:W`: transformers' own sliding window (Mistral modeling, stock cache) at the same W; "
+        "`peer:static-full:*`: full attention in a preallocated `StaticCache` (compiled or eager). "
+        "Below 1: sinkwindow is faster.",
+        "",
+        "| method | peer | context | method ms | peer ms | method ÷ peer |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in sorted(ratios, key=lambda r: (r["peer"], r["context"], r["method"])):
+        lines.append(
+            f"| {r['method']} | {r['peer']} | {_fmt_ctx(r['context'])} | {r['ms']:.2f} | {r['peer_ms']:.2f} | {r['ratio']:.3f} |"
+        )
     return lines
 
 
@@ -424,17 +523,18 @@ def markdown_report(
         if paired:
             out += [
                 "",
-                "### Paired cells: a windowed method vs the unpatched model, alternating steps",
+                "### Paired cells: a windowed method vs a baseline (the unpatched model, or a peer), alternating steps",
                 "",
-                "| method | context | method ms (min) | unpatched ms (min) | ratio of medians | median of paired ratios |",
-                "|---|---:|---:|---:|---:|---:|",
+                "| method | baseline | context | method ms (min) | baseline ms (min) | ratio of medians | median of paired ratios |",
+                "|---|---|---:|---:|---:|---:|---:|",
             ]
             for r in paired:
                 out.append(
-                    f"| {r['method']} | {r['context']} | {r['ms_per_token']:.2f} ({r['ms_per_token_min']:.2f}) | "
+                    f"| {r['method']} | {r.get('baseline', 'full')} | {r['context']} | {r['ms_per_token']:.2f} ({r['ms_per_token_min']:.2f}) | "
                     f"{r['ms_per_token_baseline']:.2f} ({r['ms_per_token_baseline_min']:.2f}) | "
                     f"{r['ms_per_token'] / r['ms_per_token_baseline']:.3f} | {r.get('ratio_paired', float('nan')):.3f} |"
                 )
+        out += _peer_table(rows, model)
         if any(r["kind"] == "prefill" and r["model"] == model for r in rows):
             out += ["", "### Prefill: seconds (tokens/s)", ""]
             out += _table(

@@ -10,10 +10,15 @@
 3. paired cells, decode steps alternating between a windowed method and the unpatched model:
    at n <= w (the smallest and largest such contexts in the grid: what the patch costs) and at
    contexts in ``PAIRED_RANGE`` (where SWA's speedup over full attention is small enough for a
-   shared machine's load changes to blur separate measurements);
+   shared machine's load changes to blur separate measurements); and ``swa:W:0`` against the peer
+   ``peer:mistral-sw:W`` (transformers' own sliding window, same W) at the first such context
+   beyond W, where the two should be within a few percent;
 4. prefill at every context of the prefill grid, method by method after one warm-up: chunked
    methods run all lengths side by side at the same pace (``measure_prefill_interleaved``),
    one-forward methods (full attention, evict's dense prompt) one length at a time.
+
+Peers (``bench.peers``: ``peer:static-full``, ``peer:mistral-sw:W``, named in ``methods``) are
+measured like methods, by their own runners, and their rows carry the peer's name as ``method``.
 
 Cells that cannot run are written as ``status == "skipped"`` rows with the reason, never a
 crash: a method this install lacks (linear baselines before their conversion exists), a context
@@ -23,7 +28,8 @@ its longer contexts are skipped too. Bounded methods (SWA) never hit the memory 
 must not depend on length, and the default grid runs them to 256K.
 
 Rows go to ``DIR/bench.jsonl`` as they are measured (a partial run keeps its rows); the
-configuration, environment and bandwidth go to ``DIR/meta.json``.
+configuration, environment, bandwidth and torch thread count go to ``DIR/meta.json``. With
+``threads=None`` the count follows ``sinkwindow.threads.apply_threads`` (1 on a busy machine).
 """
 
 from __future__ import annotations
@@ -42,9 +48,11 @@ from pathlib import Path
 import torch
 
 from ..spec import parse_spec
+from ..threads import apply_threads
 from .decode import measure_decode, measure_decode_interleaved, measure_paired
-from .memory import analytic_state_bytes, current_rss, kv_geometry
+from .memory import current_rss, kv_geometry
 from .methods import FullRunner, MethodRunner, MethodUnavailable, runner_for
+from .peers import is_peer, method_name, peer_kind, peer_window
 from .prefill import measure_prefill, measure_prefill_interleaved, warm_up_prefill
 from .report import fmt_bytes, validate_row
 from .roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
@@ -72,7 +80,11 @@ DEFAULT_MODELS = (SYNTHETIC_NAME, "smollm2-135m")
 # Contexts (beyond the window) where SWA is also timed against full attention step by step.
 PAIRED_RANGE = (2048, 8192)
 
-# A grid that finishes in a few minutes on 2 CPU cores and still covers every target.
+# A grid that finishes in a few minutes on 2 CPU cores and covers every target but swa_vs_native_sliding.
+# No peers here: on a loaded 2-core box (smollm2-135m, 2K, 8 steps) one peer cell took 10-15 s with its
+# real 2K prefill and the paired swa:64:0-vs-peer cell ~30 s, so peer:mistral-sw:64 (+ the swa:64:0 it
+# needs) adds ~1.5 min per model, and peer:static-full costs what full does at every context up to 64K,
+# the grid's longest part. Ask for them: --quick --methods full,peer:static-full,swa:64:0,peer:mistral-sw:64,...
 QUICK = {
     "contexts": (32, 1024, 2048, 8192, 65536),
     "prefill_contexts": (1024, 2048),
@@ -87,7 +99,8 @@ class BenchConfig:
 
     Attributes:
         models: ``"synthetic"`` and/or names ``sinkwindow.load`` accepts.
-        methods: spec strings (``full``, ``swa:W:S``, ``evict:W:S``, ``linear``, ``lolcats:W``).
+        methods: spec strings (``full``, ``swa:W:S``, ``evict:W:S``, ``linear``, ``lolcats:W``) and
+            peers (``peer:static-full``, ``peer:mistral-sw:W``: ``bench.peers``).
         contexts: decode grid (tokens in the cache before the first timed step).
         prefill_contexts: prefill grid; empty to skip prefill.
         steps, warmup: timed and untimed decode steps per cell.
@@ -99,7 +112,8 @@ class BenchConfig:
             ``None``: 8 GiB capped at 40% of available RAM on CPU, 80% of free memory on CUDA.
         device: ``auto`` (cuda if present), ``cpu`` or ``cuda[:i]``.
         dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``bfloat16``, ``float16``.
-        threads: torch CPU threads (None: torch's default).
+        threads: torch CPU threads (None: ``sinkwindow.threads.choose_threads``: 1 while other
+            processes load the machine, else every core; ``OMP_NUM_THREADS`` wins).
         synthetic: sizes of the synthetic model.
         bandwidth_mib: buffer for the bandwidth measurement (0 disables the roofline).
         seed: token ids seed.
@@ -128,7 +142,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         self.models = tuple(self.models)
-        self.methods = tuple(str(parse_spec(m)) for m in self.methods)
+        self.methods = tuple(method_name(m) for m in self.methods)
         self.contexts = tuple(sorted(set(int(c) for c in self.contexts)))
         self.prefill_contexts = tuple(sorted(set(int(c) for c in self.prefill_contexts)))
         if not self.models or not self.methods:
@@ -285,7 +299,7 @@ class _Caps:
         return t1 * scale**alpha
 
     def check(self, kind: str, runner: MethodRunner, n: int) -> str | None:
-        key = (kind, str(runner.spec))
+        key = (kind, runner.name)
         if key in self.stopped and n >= self.stopped[key][0]:
             return self.stopped[key][1]
         limit = _max_positions(self.model)
@@ -295,7 +309,7 @@ class _Caps:
         reason = None
         if not runner.bounded:
             layers = kv_geometry(self.model.config)[0]
-            cache = analytic_state_bytes(runner.spec, self.model.config, n, dtype=self.model.dtype)
+            cache = runner.analytic_bytes(n)
             # DynamicCache concatenates one layer's keys (then values) at a time: one layer extra.
             projected = cache * (1 + 1 / layers)
             if kind == "prefill":
@@ -317,7 +331,7 @@ class _Caps:
         return reason
 
     def record(self, kind: str, runner: MethodRunner, n: int, seconds: float) -> None:
-        self.history.setdefault((kind, str(runner.spec)), []).append((n, seconds))
+        self.history.setdefault((kind, runner.name), []).append((n, seconds))
 
 
 def _prefill_activation_bytes(model, n: int) -> float:
@@ -336,12 +350,12 @@ def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None)
     """
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    threads = apply_threads(config.threads)
     device, dtype = config.torch_device(), config.torch_dtype()
     meta = {
         "config": config.to_json(),
         "env": environment(device),
+        "threads": threads.to_json(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "loadavg_start": os.getloadavg(),
         "bandwidth": {},
@@ -359,6 +373,7 @@ def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None)
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
+            "threads_reason": threads.reason,
             "batch": 1,
             "loadavg_1m": round(os.getloadavg()[0], 2),
         }
@@ -403,7 +418,8 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
     runners: dict[str, MethodRunner | str] = {}
     for spec in config.methods:
         try:
-            runners[spec] = runner_for(model, spec)
+            # A peer's preallocated cache needs room for every decode step after the context.
+            runners[spec] = runner_for(model, spec, headroom=config.warmup + config.steps)
         except MethodUnavailable as err:
             runners[spec] = str(err)
             logger.warning("skipping %s: %s", spec, err)
@@ -461,7 +477,7 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
 
     baseline = FullRunner(model, parse_spec("full"))
     for runner in runners.values():
-        if isinstance(runner, str) or runner.spec.kind not in ("swa", "evict"):
+        if isinstance(runner, str) or runner.peer is not None or runner.spec.kind not in ("swa", "evict"):
             continue
         short = [n for n in config.contexts if n <= runner.spec.window]
         close = [
@@ -472,6 +488,17 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
                 continue
             row = measure_paired(runner, baseline, n, **decode_kw)
             emit(row, model_name)
+            gc.collect()
+    for name, peer in runners.items():
+        if isinstance(peer, str) or not is_peer(name) or peer_kind(name) != "mistral-sw":
+            continue
+        w = peer_window(name)
+        ours = runners.get(f"swa:{w}:0")
+        beyond = [n for n in config.contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > w]
+        if isinstance(ours, str) or ours is None or not beyond:
+            continue
+        if caps.check("decode", ours, beyond[0]) is None:
+            emit(measure_paired(ours, peer, beyond[0], **decode_kw), model_name)
             gc.collect()
 
     for spec, runner in runners.items():

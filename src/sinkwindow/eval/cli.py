@@ -126,6 +126,7 @@ def _add_common(
         help="samples decoded as one left-padded batch; results do not depend on it "
         "(default: 8 on CPU, 32 on CUDA; linear baselines run one at a time)",
     )
+    cli_args.add_threads(p, help=cli_args.THREADS_HELP + "; workers of --workers/--ray get their own")
     cli_args.add_no_progress(p)
     cli_args.add_new_run(p)
     sched = p.add_mutually_exclusive_group()
@@ -243,6 +244,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workers=args.workers,
         ray=args.ray,
+        threads=args.threads,
     )
     if args.dry_run:
         return _dry_run([cfg])
@@ -308,6 +310,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workers=args.workers,
         ray=args.ray,
+        threads=args.threads,
         **sizes,
     )
     if args.paper:
@@ -328,6 +331,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     scheduled = cfg.workers is not None or cfg.ray is not None
     model_tok = None
     if not scheduled or args.short_data:
+        from ..threads import apply_threads
+
+        apply_threads(args.threads)  # before the load; run_eval keeps this choice
         placement = (
             {"device_map": cfg.device_map} if cfg.device_map is not None else {"device": cfg.device or "cpu"}
         )

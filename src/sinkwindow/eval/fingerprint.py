@@ -30,8 +30,8 @@ In (the keys of the settings dict):
 
 Out: what a run selects (methods, tasks, lengths, samples, ppl_windows: sample ``i`` of a
 (task, length) is the same however many samples are drawn, since every generator is one seeded
-stream), ``batch_size`` and worker counts (they must not change results), progress bars, the
-output folder and timings.
+stream), ``batch_size``, worker and torch thread counts (they must not change results), progress
+bars, the output folder and timings.
 
 A row's fingerprint covers the global keys, its task's parameters, its method and that method's
 checkpoint. Task parameters and checkpoints of tasks and methods a run does not touch are not

@@ -33,6 +33,7 @@ from ..patch import make_cache
 from ..prefill import input_device, prefill
 from ..spec import parse_spec
 from ..switch import use_method
+from ..threads import apply_threads
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
 from .results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
 from .scheduler import (
@@ -110,6 +111,11 @@ class EvalConfig:
         ray: run the cells as Ray tasks: ``True`` for a local Ray instance, or a cluster address.
             Neither ``workers`` nor ``ray`` is part of the fingerprint: where a cell runs must
             not change its rows.
+        threads: torch CPU threads of a run in this process; ``None``: ``sinkwindow.threads``
+            chooses (1 while other processes load the machine, else every core). Workers get
+            their own (one each by default, ``eval/scheduler.py``). The count used goes to
+            ``config.json`` as ``torch_threads``; it is not part of the fingerprint: threads do
+            not change results.
     """
 
     model: str = "smollm2-135m"
@@ -135,6 +141,7 @@ class EvalConfig:
     batch_size: int | None = None
     workers: int | str | None = None
     ray: str | bool | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -154,6 +161,10 @@ class EvalConfig:
             self.device_map = load_device_map(self.device_map)
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if self.threads is not None and (
+            not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1
+        ):
+            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
         if self.workers not in (None, "auto") and (
             not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1
         ):
@@ -557,6 +568,8 @@ def run_eval(
         scheduler = make_scheduler(config.workers, config.ray)
     load_fn = model_factory or _loader(config)
     if isinstance(scheduler, SerialScheduler):
+        choice = apply_threads(config.threads)  # before the load, which computes too
+        threads = {"threads": choice.threads, "cores": choice.cores, "reason": choice.reason}
         if scheduler.model_and_tokenizer is None:
             scheduler = SerialScheduler(model_and_tokenizer or load_fn())
         batch_model = scheduler.model_and_tokenizer[0]
@@ -564,11 +577,17 @@ def run_eval(
         if model_factory is None and model_and_tokenizer is not None:
             load_fn = _PickledModel(model_and_tokenizer)
         batch_model = given
+        threads = {"threads": None, "reason": "per worker, set by the scheduler"}
     job = CellJob(config, load=load_fn, cell_fn=run_cell, close=_restore_full)
     with RunLock(out_dir):
         store = ResultsStore(
             out_dir,
-            {"kind": "long-context", **config.to_dict(), "deviations": _deviations(config)},
+            {
+                "kind": "long-context",
+                **config.to_dict(),
+                "torch_threads": threads,
+                "deviations": _deviations(config),
+            },
             settings=settings,
             new_run=new_run,
         )

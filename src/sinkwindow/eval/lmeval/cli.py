@@ -160,10 +160,9 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
     if tasks in (["all"], ["short"]):
         tasks = list(SHORT_TASKS)
     device, device_map = cli_args.resolve_placement(args.device, args.device_map)
-    if args.threads:
-        import torch
+    from ...threads import apply_threads
 
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     rows = run_lmeval(
         args.model,
         methods,
@@ -251,7 +250,7 @@ def register_lmeval_subcommand(eval_subparsers: argparse._SubParsersAction) -> a
         default=DEFAULT_MAX_BATCH_TOKENS,
         help="cap batch size x prompt tokens, 0 for none (default: %(default)s)",
     )
-    cli_args.add_threads(p)
+    cli_args.add_threads(p, help=cli_args.THREADS_HELP)
     cli_args.add_no_resume(
         p, help="rerun pairs already in results.jsonl (same settings; the table uses the latest)"
     )

@@ -231,3 +231,13 @@ def eval_pair():
 def tiny_pair():
     """``eval_pair()`` once per test module."""
     return eval_pair()
+
+
+@pytest.fixture(scope="module")
+def eval_pair_folder(tmp_path_factory):
+    """``eval_pair()`` saved as a local model folder (weights and tokenizer), for CLI runs."""
+    model, tok = eval_pair()
+    folder = tmp_path_factory.mktemp("pair") / "tiny"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

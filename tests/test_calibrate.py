@@ -246,19 +246,11 @@ def test_json_and_plot_are_written(pair, tmp_path):
 # ---------------------------------------------------------------------------- the command
 
 
-@pytest.fixture(scope="module")
-def pair_folder(tmp_path_factory, pair):
-    folder = tmp_path_factory.mktemp("pair") / "tiny"
-    pair[0].save_pretrained(folder)
-    pair[1].save_pretrained(folder)
-    return folder
-
-
-def test_calibrate_command_writes_its_files_and_one_json_line(pair_folder, tmp_path, capsys):
+def test_calibrate_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_path, capsys):
     from sinkwindow.cli import main
 
     out = tmp_path / "cal"
-    rc = main(["calibrate", "--model", str(pair_folder), "--method", "swa:64:4", "--full-heads", "2",
+    rc = main(["calibrate", "--model", str(eval_pair_folder), "--method", "swa:64:4", "--full-heads", "2",
                "--samples", "2", "--length", "512", "--out", str(out), "--no-progress", "--threads", "1"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
@@ -291,12 +283,14 @@ def test_calibrate_command_writes_its_files_and_one_json_line(pair_folder, tmp_p
         ),
     ],
 )
-def test_calibrate_bad_input_fails_in_one_line(pair_folder, tmp_path, capsys, monkeypatch, argv, fragment):
+def test_calibrate_bad_input_fails_in_one_line(
+    eval_pair_folder, tmp_path, capsys, monkeypatch, argv, fragment
+):
     from sinkwindow.cli import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile.txt").write_text("x\n")
-    argv = [a.format(tmp=tmp_path, model=pair_folder) for a in argv]
+    argv = [a.format(tmp=tmp_path, model=eval_pair_folder) for a in argv]
     before = sorted(p.name for p in tmp_path.rglob("*"))
     rc = main(["calibrate", *argv, "--no-progress"])
     err = capsys.readouterr().err

@@ -215,19 +215,11 @@ def test_ppl_search_uses_disjoint_windows(pair):
 # ---------------------------------------------------------------------------- the command
 
 
-@pytest.fixture(scope="module")
-def pair_folder(tmp_path_factory, pair):
-    folder = tmp_path_factory.mktemp("pair") / "tiny"
-    pair[0].save_pretrained(folder)
-    pair[1].save_pretrained(folder)
-    return folder
-
-
-def test_tune_command_writes_its_files_and_one_json_line(pair_folder, tmp_path, capsys):
+def test_tune_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_path, capsys):
     from sinkwindow.cli import main
 
     out = tmp_path / "tune"
-    rc = main(["tune", "--model", str(pair_folder), "--kv-budget", "80KB", "--context", "512", "--task",
+    rc = main(["tune", "--model", str(eval_pair_folder), "--kv-budget", "80KB", "--context", "512", "--task",
                "niah_single_1", "--windows", "32,64", "--samples", "1", "--heldout-samples", "1",
                "--calib-samples", "1", "--out", str(out), "--no-progress", "--threads", "1"])  # fmt: skip
     assert rc == 0
@@ -261,11 +253,11 @@ def test_tune_command_writes_its_files_and_one_json_line(pair_folder, tmp_path, 
         (["--kv-budget", "1KiB", "--context", "512", "--model", "{model}"], "below the cheapest candidate"),
     ],
 )
-def test_tune_bad_input_fails_in_one_line(pair_folder, tmp_path, capsys, monkeypatch, argv, fragment):
+def test_tune_bad_input_fails_in_one_line(eval_pair_folder, tmp_path, capsys, monkeypatch, argv, fragment):
     from sinkwindow.cli import main
 
     monkeypatch.chdir(tmp_path)
-    argv = [a.format(model=pair_folder) for a in argv]
+    argv = [a.format(model=eval_pair_folder) for a in argv]
     rc = main(["tune", *argv, "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err

@@ -548,7 +548,7 @@ def calibrate(
     k: int,
     *,
     by: str = "layer",
-    criterion: str = "rank",
+    criterion: str = "nll",
     samples: int = 4,
     length: int = 2048,
     seed: int = CAL_SEED,
@@ -591,8 +591,10 @@ def calibrate(
         )
     t0 = time.perf_counter()
     prompts = calibration_prompts(tokenizer, samples, length, seed)
+    # The mass is one full-attention pass, so it is always reported beside the criterion that decides.
+    criteria = [criterion] if criterion in ("mass", "rank") else [criterion, "mass"]
     scores = score_units(
-        model, prompts, [base], units, [criterion], chunk_size=chunk_size, last_queries=last_queries,
+        model, prompts, [base], units, criteria, chunk_size=chunk_size, last_queries=last_queries,
         progress=progress,
     )[str(base)]  # fmt: skip
     chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")

@@ -234,6 +234,11 @@ def test_hybrid_section_gives_niah_average_recovery_and_kv_share():
     assert d and d[0]["beyond_noise"] and d[0]["estimate"] == pytest.approx(80.0)
     md = markdown_report(s, {"model": "m"}, [])
     assert "## Hybrid specs" in md and f"| `{hyb}` | 2 | " in md and "40.0%" in md
+    # A method that ran fewer tasks says so beside its average.
+    part = summarize(
+        rows + [{**r, "method": "swa:256:4+full:5"} for r in niah("swa:256:4+full:5", 4096, [1] * 10)]
+    )
+    assert "(1 of 3 tasks)" in markdown_report(part, {"model": "m"}, [])
     # A run without hybrids has no such section.
     plain = summarize([r for r in rows if r["method"] != hyb])
     assert plain["hybrid"] == {} and "## Hybrid specs" not in markdown_report(plain, {}, [])

@@ -584,6 +584,7 @@ def _hybrid_section(s: dict) -> list[str]:
             "| method | full units | KV bytes | KV share of full | S-NIAH avg | recovery vs full |",
             "|---|---|---|---|---|---|",
         ]
+        most = max(e["tasks"] for e in by_m.values())
         for m, e in by_m.items():
             kv = e.get("kv_bytes")
             kv_txt = f"{kv / 2**20:.1f} MiB" if kv else "–"
@@ -591,6 +592,8 @@ def _hybrid_section(s: dict) -> list[str]:
             rec = _fmt_iv(e.get("recovery"), "estimate", digits=0, unit="%") if "recovery" in e else "–"
             units = "all" if m == "full" else str(e["units"])
             avg = f"{_fmt_iv(e['avg'])} <sub>n={e['avg']['n']}</sub>"
+            if e["tasks"] < most:  # an unfinished method: its average covers fewer tasks than the others'
+                avg += f" ({e['tasks']} of {most} tasks)"
             lines.append(f"| `{m}` | {units} | {kv_txt} | {share} | {avg} | {rec} |")
         lines.append("")
     return lines

@@ -56,6 +56,10 @@ def test_apply_threads_decides_once_and_prints_once(monkeypatch, capsys):
         assert first is again and torch.get_num_threads() == 1
         err = capsys.readouterr().err
         assert err.count("torch threads: 1") == 1 and "OMP_NUM_THREADS" in err
+        # Changed behind its back (by a library, or an earlier run in this process): set back, so the
+        # recorded count is the one in use.
+        torch.set_num_threads(2)
+        assert threads.apply_threads() is first and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 

@@ -100,9 +100,14 @@ def apply_threads(requested: int | None = None, *, quiet: bool = False) -> Threa
     changes under a running measurement. An explicit ``requested`` always applies.
     """
     global _CHOSEN
-    if _CHOSEN is not None and requested in (None, _CHOSEN.threads):
-        return _CHOSEN
     import torch
+
+    if _CHOSEN is not None and requested in (None, _CHOSEN.threads):
+        if torch.get_num_threads() != _CHOSEN.threads:
+            # Something in this process changed it since (a library, an earlier --threads): the
+            # count recorded with the results must be the one the measurement runs with.
+            torch.set_num_threads(_CHOSEN.threads)
+        return _CHOSEN
 
     choice = choose_threads(requested)
     torch.set_num_threads(choice.threads)

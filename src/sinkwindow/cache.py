@@ -402,14 +402,27 @@ class HybridHeadLayer(SinkWindowLayer):
         self.full_heads = tuple(sorted(full_heads))
         self.swa_heads = tuple(h for h in range(kv_heads) if h not in self.full_heads)
         self.full = FullAttentionLayer()
+        self._head_indices: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Update both stores; ``key_states [batch, kv_heads, chunk, head_dim]`` -> keys ``[batch, kv_heads, n_swa + n_full, head_dim]``."""
-        swa = torch.tensor(self.swa_heads, device=key_states.device)
-        full = torch.tensor(self.full_heads, device=key_states.device)
+        swa, full = self._head_index(key_states.device)
         ks, vs = super().update(key_states.index_select(1, swa), value_states.index_select(1, swa))
         kf, vf = self.full.update(key_states.index_select(1, full), value_states.index_select(1, full))
         return self._side_by_side(ks, kf, swa, full), self._side_by_side(vs, vf, swa, full)
+
+    def _head_index(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The SWA and full KV-head indices on ``device``, made once (``update`` runs every step).
+
+        Kept in a dict so ``cache_nbytes`` (which counts tensor attributes) does not count them.
+        """
+        key = str(device)
+        if key not in self._head_indices:
+            self._head_indices[key] = (
+                torch.tensor(self.swa_heads, device=device),
+                torch.tensor(self.full_heads, device=device),
+            )
+        return self._head_indices[key]
 
     def _side_by_side(self, part_s, part_f, swa, full) -> torch.Tensor:
         b, _, n_s, d = part_s.shape

@@ -166,7 +166,7 @@ def _reference_mask_builder(*args, **kwargs):
 
 def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_sliding: str = "override"):
     """A float64 deep copy of ``model`` (unpatched) that runs ``spec`` through ``reference_attention``."""
-    from .patch import _all_configs, apply  # local: patch imports nothing from here
+    from .patch import _all_configs, _kv_heads, apply  # local: patch imports nothing from here
     from .rope import rope_for_model
 
     spec = parse_spec(spec)
@@ -182,7 +182,7 @@ def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_slidi
         ref.set_experts_implementation("eager")
     tcfg = ref.config.get_text_config(decoder=True)
     layer_types = getattr(tcfg, "layer_types", None)
-    kv_heads = getattr(tcfg, "num_key_value_heads", None) or tcfg.num_attention_heads
+    kv_heads = _kv_heads(ref)
     if spec.is_hybrid:
         spec.check_units(tcfg.num_hidden_layers, kv_heads)
     plan = {

@@ -17,6 +17,7 @@ from sinkwindow.tuning import (
     EVAL_SEEDS,
     calibrate,
     calibration_prompts,
+    greedy_select,
     mass_scores,
     model_units,
     nll_scores,
@@ -194,6 +195,65 @@ def test_rank_averages_the_criteria_ranks():
     assert rank_scores({"nll": [3.0, 1.0, 2.0], "mass": [3.0, 2.0, 1.0]}) == [1.0, 2.5, 2.5]
 
 
+def test_greedy_finds_the_complement_that_the_top_k_misses():
+    """Planted interaction: A and B are redundant (either one gains 1), C adds 0.5 to either.
+
+    Single-unit gains rank A > B > C, so the top two are {A, B} (gain 1.0); greedy keeps A, then
+    re-scores B and C given A and takes C (gain 1.5).
+    """
+    base = 10.0
+
+    def nll_of(kept):
+        kept = set(kept)
+        gain = (1.0 if 0 in kept else 0.9 if 1 in kept else 0.0) + (0.5 if 2 in kept else 0.0)
+        return base - gain
+
+    A, B, C = units = [0, 1, 2]  # layers
+    singles = [base - nll_of([u]) for u in units]
+    assert select_units(units, singles, 2) == [A, B]
+    calls = []
+
+    def counted(kept):
+        calls.append(list(kept))
+        return nll_of(kept)
+
+    chosen, steps = greedy_select(units, 2, counted, first={u: nll_of([u]) for u in units})
+    assert chosen == [A, C] and base - steps[-1]["nll"] == pytest.approx(1.5)
+    assert calls == [[A, B], [A, C]]  # step 1 reused the single scores
+    assert steps[1]["tried"] == {"1": pytest.approx(9.0), "2": pytest.approx(8.5)}
+    # Without the single scores, step 1 runs every candidate alone; ties go to the earlier candidate.
+    chosen, _ = greedy_select([C, B], 1, lambda kept: 0.0)
+    assert chosen == [C]
+    with pytest.raises(ValueError, match="pool of at least K"):
+        greedy_select(units, 4, nll_of)
+
+
+def test_greedy_calibration_records_steps_a_direct_nll_reproduces(pair):
+    model, tok = pair
+    res = calibrate(
+        model, tok, "swa:64:4", 2, by="head", select="greedy", pool=3, samples=2, length=LENGTH, progress=False
+    )
+    assert res.select == "greedy" and res.pool == 3 and len(res.steps) == 2
+    assert res.chosen == [s["added"] for s in res.steps]
+    # The pool is the 3 best single heads; step 1 is the best of them.
+    assert set(res.steps[0]["tried"]) == set(res.top("nll", 3)) and res.chosen[0] == res.top("nll", 1)[0]
+    assert set(res.steps[1]["tried"]) == set(res.top("nll", 3)) - {res.chosen[0]}
+    for step in res.steps:
+        assert step["nll"] == min(step["tried"].values())
+    cal = calibration_prompts(tok, samples=2, length=LENGTH)
+    for i, step in enumerate(res.steps, start=1):
+        apply(model, spec_with_units("swa:64:4", [parse_unit(u) for u in res.chosen[:i]]))
+        direct = sum(_direct_answer_nll(model, p) for p in cal) / len(cal)
+        assert step["nll"] == pytest.approx(direct, abs=1e-4)
+    apply(model, "full")
+    with pytest.raises(ValueError, match="use --criterion nll"):
+        calibrate(model, tok, "swa:64:4", 1, select="greedy", criterion="mass", length=LENGTH)
+    with pytest.raises(ValueError, match="--pool 1 must be from K=2"):
+        calibrate(model, tok, "swa:64:4", 2, select="greedy", pool=1, length=LENGTH)
+    with pytest.raises(ValueError, match="add --select greedy"):
+        calibrate(model, tok, "swa:64:4", 1, pool=2, length=LENGTH)
+
+
 def test_calibrate_is_deterministic_with_one_score_per_unit(pair):
     model, tok = pair
     runs = [
@@ -262,6 +322,22 @@ def test_calibrate_command_writes_its_files_and_one_json_line(eval_pair_folder, 
     assert "versions" in saved["provenance"] and saved["provenance"]["command"].startswith("sinkwindow")
 
 
+def test_calibrate_command_greedy_prints_and_saves_its_steps(eval_pair_folder, tmp_path, capsys):
+    from sinkwindow.cli import main
+
+    out = tmp_path / "cal"
+    rc = main(["calibrate", "--model", str(eval_pair_folder), "--method", "swa:64:4", "--full-layers", "2",
+               "--select", "greedy", "--samples", "1", "--length", "512", "--out", str(out), "--no-progress",
+               "--threads", "1"])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    info = json.loads(printed.strip().splitlines()[-1])
+    assert info["select"] == "greedy" and "greedy step 2: +" in printed
+    saved = json.loads((out / "calibrate.json").read_text())
+    assert saved["pool"] == 2 and [s["added"] for s in saved["steps"]] == saved["chosen"]
+    assert (out / "calibrate.png").is_file()
+
+
 @pytest.mark.parametrize(
     "argv,fragment",
     [
@@ -274,6 +350,9 @@ def test_calibrate_command_writes_its_files_and_one_json_line(eval_pair_folder, 
         (["--full-layers", "2", "--seed", "42"], "tune on the test set"),
         (["--full-layers", "2", "--length", "100"], "must be >= 256 tokens"),
         (["--full-layers", "2", "--criterion", "best"], "invalid choice"),
+        (["--full-layers", "2", "--select", "greedy", "--criterion", "mass", "--model", "{model}"],
+         "use --criterion nll"),
+        (["--full-layers", "1", "--pool", "2", "--model", "{model}"], "add --select greedy"),
         (["--full-layers", "2", "--out", "{tmp}/afile.txt"], "is a file: give a folder"),
         (["--full-layers", "3", "--model", "{model}"], "more than the model's 2 layers: give K from 1 to 2"),
         (["--full-heads", "5", "--model", "{model}"], "more than the model's 4 KV heads"),

@@ -15,10 +15,15 @@ that no evaluation uses (S-NIAH prompts of seed :data:`CAL_SEED`, far from every
 - ``rank``: the mean of the two ranks (1 = the unit most worth keeping).
 
 :func:`select_units` then keeps the K best units (ties go to the earlier unit, so a seed gives one
-answer), and :func:`spec_with_units` writes the hybrid spec.
+answer), and :func:`spec_with_units` writes the hybrid spec. Scores of one unit at a time cannot see
+units that only help together (a retrieval circuit spans layers), so ``select="greedy"`` re-scores:
+:func:`greedy_select` starts from the best single unit and adds, one step at a time, the candidate
+whose addition gives the lowest NLL *given the units already kept*, the candidates being the ``pool``
+best single units.
 
 Cost: ``nll`` runs the prompts once per unit plus once for the base (31 runs for a 30-layer model);
-``mass`` runs them once in all. Both prefill in chunks through the method's cache, so a long
+``mass`` runs them once in all; greedy adds ``(P - 1) + (P - 2) + ... + (P - K + 1)`` runs for a
+pool of P (45 for K = 6, P = 12). Both prefill in chunks through the method's cache, so a long
 prompt never needs more than a chunk's activations and the cache.
 """
 
@@ -28,7 +33,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,6 +60,7 @@ __all__ = [
     "calibration_prompts",
     "check_base_spec",
     "check_calibration_seed",
+    "greedy_select",
     "mass_scores",
     "model_units",
     "nll_scores",
@@ -63,6 +69,7 @@ __all__ = [
     "rank_scores",
     "score_units",
     "select_units",
+    "SELECTIONS",
     "spec_with_units",
     "unit_label",
     "write_calibration",
@@ -76,6 +83,7 @@ CAL_SEED = 7_000_000
 # Seeds reserved for evaluation: calibration and held-out seeds must stay outside them.
 EVAL_SEEDS = range(0, 1_000_000)
 CRITERIA = ("nll", "mass", "rank")
+SELECTIONS = ("top", "greedy")
 UNIT_KINDS = ("layer", "head")
 # The last queries of an S-NIAH prompt are the question, the answer prefix and the answer itself:
 # the positions that must reach back to the needle. Earlier queries read the haystack, which is
@@ -258,6 +266,46 @@ def nll_scores(
     finally:
         use_method(model, "full")
     return ref, gains
+
+
+def greedy_select(
+    candidates: Sequence[Unit],
+    k: int,
+    nll_of: Callable[[list[Unit]], float],
+    *,
+    first: dict[Unit, float] | None = None,
+) -> tuple[list[Unit], list[dict]]:
+    """Forward selection: keep adding the candidate whose addition gives the lowest NLL.
+
+    Args:
+        candidates: the units that may be kept, in the order that breaks ties (best single first).
+        k: units to keep, at most ``len(candidates)``.
+        nll_of: mean NLL with a list of units kept full (on top of the base).
+        first: NLL of each candidate kept alone, when already known (step 1 then costs nothing).
+
+    Returns:
+        ``(chosen, steps)``: the units in the order they were added, and per step
+        ``{"added": label, "nll": NLL with the units so far, "tried": {label: NLL}}``.
+    """
+    if not 0 <= k <= len(candidates):
+        raise ValueError(f"K={k} units asked from a pool of {len(candidates)}: give a --pool of at least K")
+    chosen: list[Unit] = []
+    steps: list[dict] = []
+    for step in range(k):
+        rest = [u for u in candidates if u not in chosen]
+        if step == 0 and first is not None:
+            tried = {u: float(first[u]) for u in rest}
+        else:
+            tried = {u: float(nll_of([*chosen, u])) for u in rest}
+        best = min(rest, key=lambda u: (tried[u], rest.index(u)))  # ties: the earlier candidate
+        chosen.append(best)
+        steps.append({"added": unit_label(best), "nll": tried[best], "tried": {unit_label(u): v for u, v in tried.items()}})
+    return chosen, steps
+
+
+def greedy_runs(pool: int, k: int) -> int:
+    """Prompt passes greedy selection adds to the single-unit scores (step 1 reuses them)."""
+    return sum(pool - i for i in range(1, k))
 
 
 # ---------------------------------------------------------------------------- mass
@@ -498,8 +546,11 @@ class CalibrationResult:
         scores: per criterion, one score per unit (``nll``: gain in nats per answer token;
             ``mass``: out-of-window attention mass in [0, 1]; ``rank``: mean rank, 1 is best).
         nll_base: mean answer NLL under the base spec (when ``nll`` was computed).
-        chosen: the K units kept full, best first.
+        chosen: the K units kept full, best first (greedy: in the order they were added).
         spec: the hybrid spec, canonical.
+        select: ``"top"`` (the K best single units) or ``"greedy"`` (re-scored given those kept).
+        pool: greedy's candidates, the ``pool`` best single units by nll.
+        steps: greedy's steps: the unit added, the NLL with the units so far, every NLL tried.
     """
 
     model: str
@@ -519,6 +570,9 @@ class CalibrationResult:
     nll_base: float | None = None
     prompt_tokens: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    select: str = "top"
+    pool: int | None = None
+    steps: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -556,6 +610,8 @@ def calibrate(
     last_queries: int = LAST_QUERIES,
     progress: bool = True,
     name: str | None = None,
+    select: str = "top",
+    pool: int | None = None,
 ) -> CalibrationResult:
     """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
 
@@ -568,6 +624,9 @@ def calibrate(
         seed: the prompts' seed; one of ``EVAL_SEEDS`` is refused.
         last_queries: query positions the mass averages over (the prompt's end).
         name: the model's name for the record (default: ``config.name_or_path``).
+        select: ``"top"`` keeps the K best single units; ``"greedy"`` (nll only) re-scores the
+            ``pool`` best single units given the ones already kept (:func:`greedy_select`).
+        pool: greedy's candidates (default: K + 6, at most every unit).
 
     Returns:
         A :class:`CalibrationResult`; the model is left in full attention.
@@ -589,6 +648,18 @@ def calibrate(
             f"calibration prompts of {length} tokens fit inside the window W={base.window}, where full "
             f"attention changes nothing: use a --length above {base.window}"
         )
+    if select not in SELECTIONS:
+        raise ValueError(f"unknown selection {select!r}: choose from {', '.join(SELECTIONS)}")
+    if select == "greedy":
+        if criterion != "nll":
+            raise ValueError(
+                f"greedy selection re-scores by the answer's NLL: use --criterion nll, not {criterion}"
+            )
+        pool = min(len(units), k + 6) if pool is None else pool
+        if not k <= pool <= len(units):
+            raise ValueError(f"--pool {pool} must be from K={k} to the model's {len(units)} units")
+    elif pool is not None:
+        raise ValueError("--pool sets greedy selection's candidates: add --select greedy, or drop --pool")
     t0 = time.perf_counter()
     prompts = calibration_prompts(tokenizer, samples, length, seed)
     # The mass is one full-attention pass, so it is always reported beside the criterion that decides.
@@ -597,7 +668,27 @@ def calibrate(
         model, prompts, [base], units, criteria, chunk_size=chunk_size, last_queries=last_queries,
         progress=progress,
     )[str(base)]  # fmt: skip
-    chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
+    steps: list[dict] = []
+    if select == "greedy":
+        candidates = select_units(units, scores["nll"], pool)
+        ref = scores["nll_base"]
+        first = {u: ref - scores["nll"][units.index(u)] for u in candidates}
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=greedy_runs(pool, k) * len(prompts), desc="greedy", unit="prompt")
+        try:
+            chosen, steps = greedy_select(
+                candidates, k, lambda kept: _mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar),
+                first=first,
+            )  # fmt: skip
+        finally:
+            use_method(model, "full")
+            if bar is not None:
+                bar.close()
+    else:
+        chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
     kv_heads = kv_geometry(model.config)[2]
     spec = spec_with_units(base, chosen, kv_heads)
     return CalibrationResult(
@@ -618,6 +709,9 @@ def calibrate(
         nll_base=scores.get("nll_base"),
         prompt_tokens=[p.n_tokens for p in prompts],
         seconds=round(time.perf_counter() - t0, 2),
+        select=select,
+        pool=pool,
+        steps=steps,
     )
 
 
@@ -640,8 +734,9 @@ def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
     path = Path(path)
     criteria = list(result.scores)
     chosen = set(result.chosen)
+    rows = len(criteria) + bool(result.steps)
     fig, axes = plt.subplots(
-        len(criteria), 1, figsize=(max(6.0, 0.28 * len(result.units) + 2), 2.6 * len(criteria)), squeeze=False
+        rows, 1, figsize=(max(6.0, 0.28 * len(result.units) + 2), 2.6 * rows), squeeze=False
     )
     units = [parse_unit(u) for u in result.units]
     for ax, c in zip(axes[:, 0], criteria):
@@ -667,8 +762,17 @@ def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
             ax.set_xticks(range(layers))
             ax.set_yticks(range(heads))
         ax.set_title(_LABELS.get(c, c) + (" (chosen: red)" if c == criteria[0] else ""), fontsize=9)
+    if result.steps:
+        ax = axes[-1, 0]
+        xs = list(range(len(result.steps) + 1))
+        nlls = [result.nll_base, *(s["nll"] for s in result.steps)]
+        ax.plot(xs, nlls, "o-", color="tab:red", label="greedy")
+        ax.set_xticks(xs, ["base"] + [f"+{s['added']}" for s in result.steps], fontsize=7)
+        ax.set_ylabel("answer NLL (nats)")
+        ax.set_title(f"greedy selection over the {result.pool} best single units", fontsize=9)
+        ax.legend(fontsize=7)
     fig.suptitle(
-        f"{result.model}: {result.spec}\n{result.criterion} criterion, K={result.k}, "
+        f"{result.model}: {result.spec}\n{result.criterion} criterion, {result.select}, K={result.k}, "
         f"n={result.samples} prompts x {result.length} tokens, seed {result.seed}",
         fontsize=9,
     )

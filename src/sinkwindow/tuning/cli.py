@@ -93,12 +93,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     result = calibrate(
         model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
         seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
-        progress=not args.no_progress, name=args.model,
+        progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool,
     )  # fmt: skip
     paths = write_calibration(result, args.out)
     print(result.table())
     for c in result.scores:
         print(f"top {result.k} by {c}: {','.join(result.top(c))}")
+    for i, step in enumerate(result.steps, start=1):
+        print(f"greedy step {i}: +{step['added']}  answer NLL {step['nll']:.4f} (base {result.nll_base:.4f})")
     print(f"spec: {result.spec}  ({result.seconds:.1f}s; {paths['json']})")
     print(
         json.dumps(
@@ -106,6 +108,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 "spec": result.spec,
                 "chosen": result.chosen,
                 "criterion": result.criterion,
+                "select": result.select,
                 "by": by,
                 "k": k,
                 "out": str(args.out),
@@ -199,6 +202,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     # 20% to 77%, while the rank choice (nll and mass averaged) and periodic layers added nothing.
     p.add_argument("--criterion", choices=("nll", "mass", "rank"), default="nll",
                    help="how units are ranked (default: %(default)s; nll and rank run the prompts once per unit)")  # fmt: skip
+    # Single-unit scores cannot see units that only help together; greedy re-scores given those kept.
+    p.add_argument("--select", choices=("top", "greedy"), default="top",
+                   help="top: the K best single units; greedy (nll): add, one at a time, the unit that lowers the "
+                   "answer NLL most given those kept (default: %(default)s)")  # fmt: skip
+    p.add_argument("--pool", type=cli_args.integer(1, what="--pool"), default=None, metavar="P",
+                   help="greedy's candidates: the P best single units; costs (P-1)+...+(P-K+1) more prompt passes "
+                   "(default: K+6)")  # fmt: skip
     p.add_argument("--samples", type=cli_args.integer(1, what="--samples"), default=4,
                    help="calibration prompts, S-NIAH-1/2/3 in turn (default: %(default)s)")  # fmt: skip
     p.add_argument(

@@ -180,6 +180,44 @@ def test_full_layers_equal_the_unpatched_model():
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral", "llama"])
+@pytest.mark.parametrize(
+    "spec,policy",
+    [("full", "override"), ("swa:8:2", "override"), ("swa:8:2", "keep"), ("swa:8:2+full:0", "override")],
+)
+def test_analytic_bytes_follow_native_sliding_layers(family, spec, policy):
+    """Full attention on Gemma 3 / Mistral keeps their own windows (transformers' sliding cache
+    layers), so its bytes are bounded there; the formula must say so, not count n keys per layer."""
+    model = tiny_model(family)
+    spec = parse_spec(spec)
+    if policy == "keep" and family == "llama":
+        pytest.skip("no native sliding layer to keep")
+    if not spec.is_full:
+        sinkwindow.apply(model, spec, native_sliding=policy)
+    cache = sinkwindow.prefill(model, _ids(batch=1), chunk_size=5).cache
+    per_layer = analytic_layer_bytes(spec, model.config, LENGTH, native_sliding=policy)
+    assert [cache_nbytes_layer(layer) for layer in cache.layers] == per_layer
+    total = analytic_state_bytes(spec, model.config, LENGTH, native_sliding=policy)
+    assert sum(per_layer) == total
+    if not spec.is_full:
+        assert cache_nbytes(cache) == total  # our stores hold exactly what they persist
+    else:
+        # transformers' sliding layers keep a slice of the last chunk's concatenation alive, so the
+        # storage may exceed the persisted keys by up to one chunk (5 here) per layer, never more.
+        slack = 5 * 2 * 4 * sum(model.config.num_key_value_heads * 8 for _ in per_layer)
+        assert total <= cache_nbytes(cache) <= total + slack
+    if spec.is_full and family != "llama":  # bounded below n keys on every native sliding layer
+        assert sum(per_layer) < analytic_layer_bytes(spec, tiny_model("llama").config, LENGTH)[0] * len(per_layer)
+
+
+def cache_nbytes_layer(layer) -> int:
+    """Bytes of one cache layer's persisted tensors (its full-length store too, for head hybrids)."""
+    own = sum(t.numel() * t.element_size() for t in (layer.keys, layer.values) if t is not None)
+    sub = getattr(layer, "full", None)
+    return own + (cache_nbytes_layer(sub) if sub is not None else 0)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("batch", [1, 2])
 def test_cache_bound_holds_per_layer_and_head_and_bytes_match_the_formula(batch):
     model = tiny_model("llama")

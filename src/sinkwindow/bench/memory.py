@@ -134,20 +134,44 @@ def kv_geometry(config) -> tuple[int, int, int, int]:
     return config.num_hidden_layers, heads, kv_heads, head_dim
 
 
+def native_windows(config) -> list[int | None]:
+    """Per decoder layer, the model's own sliding window (Gemma 3 local layers, Mistral), else None."""
+    from ..patch import native_sliding_layers
+
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    return [window if sliding and window else None for sliding in native_sliding_layers(config)]
+
+
 def analytic_layer_bytes(
-    spec: MethodSpec, config, context: int, *, dtype: torch.dtype = torch.float32, batch: int = 1
+    spec: MethodSpec,
+    config,
+    context: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    batch: int = 1,
+    native_sliding: str = "override",
 ) -> list[int]:
     """Per decoder layer, the KV bytes of ``full``, ``swa``/``evict`` or a hybrid after ``context`` tokens.
 
     A KV head that keeps full attention holds ``context`` keys and values; a windowed one
-    ``min(context, W - 1)`` (see ``analytic_state_bytes``).
+    ``min(context, W - 1)`` (see ``analytic_state_bytes``). A layer with a native sliding window w
+    (Gemma 3's local layers) holds ``min(context, w - 1)`` under ``full`` (the unpatched model:
+    transformers' sliding cache layers) and under ``native_sliding="keep"``; ``override`` (the
+    default, as ``apply``) windows it by the spec like every other layer.
     """
     if not (spec.is_full or spec.is_windowed):
         raise ValueError(f"per-layer KV bytes cover full, swa and evict (and their hybrids), not {spec}")
+    if native_sliding not in ("override", "keep"):
+        raise ValueError(f"native_sliding is 'override' or 'keep', got {native_sliding!r}")
     layers, _, kv_heads, head_dim = kv_geometry(config)
     per_head_token = 2 * batch * head_dim * torch.empty((), dtype=dtype).element_size()
+    native = native_windows(config)
     out = []
     for layer in range(layers):
+        if native[layer] is not None and (spec.is_full or native_sliding == "keep"):
+            out.append(per_head_token * kv_heads * min(context, native[layer] - 1))
+            continue
         full = len(spec.full_kv_heads(layer, kv_heads))
         windowed = 0 if spec.is_full else min(context, spec.window - 1)
         out.append(per_head_token * (full * context + (kv_heads - full) * windowed))
@@ -162,10 +186,12 @@ def analytic_state_bytes(
     dtype: torch.dtype = torch.float32,
     batch: int = 1,
     feature_dim: int | None = None,
+    native_sliding: str = "override",
 ) -> int:
     """Bytes a method must hold after ``context`` tokens, from the model config alone.
 
-    - ``full``: n keys and values per layer.
+    - ``full``: n keys and values per layer; ``min(n, w - 1)`` on a layer with a native sliding
+      window w (the unpatched model's cache; also under ``native_sliding="keep"``).
     - ``swa:W:S`` / ``evict:W:S``: ``min(n, W - 1)`` (the s sinks plus W - S - 1 recent keys; the
       query brings the W-th, see ``SinkWindowLayer``).
     - ``swa:W:S+full:...``: n per KV head that keeps full attention, ``min(n, W - 1)`` per other head
@@ -183,12 +209,16 @@ def analytic_state_bytes(
         batch: rows.
         feature_dim: F, linear-attention feature size; default ``head_dim`` (what
             ``sinkwindow.linear.convert`` builds: a Hedgehog projection of f = D/2, F = 2f).
+        native_sliding: ``apply``'s policy for native sliding layers (``override`` or ``keep``).
 
     Returns:
         Bytes, summed over layers.
     """
-    if spec.is_hybrid:
-        return sum(analytic_layer_bytes(spec, config, context, dtype=dtype, batch=batch))
+    if spec.is_hybrid or (spec.is_full or spec.is_windowed) and any(native_windows(config)):
+        # Per layer: hybrids, and models with native sliding layers (bounded under full attention).
+        return sum(
+            analytic_layer_bytes(spec, config, context, dtype=dtype, batch=batch, native_sliding=native_sliding)
+        )
     layers, heads, kv_heads, head_dim = kv_geometry(config)
     elem = torch.empty((), dtype=dtype).element_size()
     per_token = 2 * batch * kv_heads * head_dim * elem  # one key + one value, one layer

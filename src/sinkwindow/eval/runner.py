@@ -482,19 +482,21 @@ def run_cell(
         "length": cell.length,
         "seed": cell.seed,
         "fingerprint": cell.fingerprint,
-        "kv_bytes": _kv_bytes(model, cell.method, cell.length),
+        "kv_bytes": _kv_bytes(model, cell.method, cell.length, config.native_sliding),
     }
     for i, row in zip(cell.indices, rows):
         row.update(base, index=i, seconds=seconds)
     return rows
 
 
-def _kv_bytes(model, method: str, length: int) -> int | None:
+def _kv_bytes(model, method: str, length: int, native_sliding: str = "override") -> int | None:
     """Analytic bytes of the method's attention state at ``length`` tokens, batch 1 (what a row's memory costs)."""
     from ..bench.memory import analytic_state_bytes
 
     try:
-        return analytic_state_bytes(parse_spec(method), model.config, length, dtype=model.dtype)
+        return analytic_state_bytes(
+            parse_spec(method), model.config, length, dtype=model.dtype, native_sliding=native_sliding
+        )
     except (ValueError, AttributeError):
         return None
 

@@ -158,6 +158,35 @@ def test_mass_equals_the_eager_attention_weights(pair, prompts):
         torch.testing.assert_close(got[ws], want[ws], atol=1e-5, rtol=0)
 
 
+def test_mass_on_native_sliding_layers_uses_absolute_positions(pair, prompts):
+    """Gemma 3: a local layer's cache holds only its last keys, so key index 0 is not position 0
+    and its queries see only their native window; chunked capture must still equal the one-shot
+    eager weights (where the native window is part of the mask)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=len(pair[1]), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=80,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096,
+    )  # fmt: skip
+    model = Gemma3ForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    windows = [(32, 4), (64, 0)]
+    got = mass_scores(model, prompts[:2], windows, last_queries=40, chunk_size=96)
+    want = {ws: torch.zeros(2, 2, dtype=torch.float64) for ws in windows}
+    for p in prompts[:2]:
+        ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
+        assert ids.shape[1] > 96 + 80  # chunks past the native window: the cache really slides
+        attns = _eager_attentions(model, ids)
+        for ws in windows:
+            for layer, a in enumerate(attns):
+                want[ws][layer] += _mass_of(a, *ws, ids.shape[1] - 40, kv_heads=2) / 2
+    for ws in windows:
+        torch.testing.assert_close(got[ws], want[ws], atol=1e-5, rtol=0)
+    assert bool((got[(32, 4)][0] > 0).all())  # the local layer has mass inside its native window
+
+
 def test_mass_of_a_uniform_layer_is_the_share_of_dropped_keys(prompts):
     """Planted: layer 1 with zero queries attends uniformly, so its mass is (keys dropped) / (keys seen)."""
     model, _ = eval_pair()

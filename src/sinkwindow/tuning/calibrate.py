@@ -319,20 +319,32 @@ class _MassCapture:
         self.sums = torch.zeros(len(self.windows), layers, kv_heads, dtype=torch.float64)
         self.queries = torch.zeros(layers, dtype=torch.long)
         self.first = 0  # position of the first query that counts, set per prompt
+        self.seen = torch.zeros(layers, dtype=torch.long)  # tokens each layer has attended, this prompt
         self.inner = inner
+
+    def start_prompt(self, first: int) -> None:
+        """A new prompt: queries from absolute position ``first`` on count, and no token is seen yet."""
+        self.first = first
+        self.seen.zero_()
 
     def record(self, module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
         """Add the mass of the counted queries of one attention call.
 
-        ``query`` ``[1, H, q, D]`` and ``key`` ``[1, Hkv, n, D]`` (RoPE applied; the key holds
-        the whole prefix: full attention over a stock cache, so query t sits at ``n - q + t``).
+        ``query`` ``[1, H, q, D]`` and ``key`` ``[1, Hkv, n, D]`` (RoPE applied). On a plain layer
+        the key holds the whole prefix; on a native sliding layer (Gemma 3's local layers, through
+        transformers' sliding cache) only its last ``n`` positions, so key index j sits at absolute
+        position ``end - n + j``, ``end`` being the tokens this layer has seen, and a query attends
+        only to keys less than the layer's ``sliding_window`` behind it, as the model does.
         """
         if query.shape[0] != 1:
             raise ValueError("attention mass is measured one prompt at a time")
         layer = module.layer_idx
         heads, q_len = query.shape[1], query.shape[2]
         kv_heads, n = key.shape[1], key.shape[2]
-        pos = torch.arange(n - q_len, n, device=query.device)
+        end = int(self.seen[layer]) + q_len
+        self.seen[layer] = end
+        offset = end - n  # absolute position of key index 0
+        pos = torch.arange(end - q_len, end, device=query.device)  # absolute query positions
         sel = pos >= self.first
         if not bool(sel.any()):
             return
@@ -344,18 +356,24 @@ class _MassCapture:
         softcap = kwargs.get("softcap")
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
-        causal = torch.arange(n, device=q.device)[None] <= pos[:, None]  # [m, n]
-        weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        key_pos = torch.arange(n, device=q.device) + offset
+        visible = key_pos[None] <= pos[:, None]  # [m, n]
+        native = kwargs.get("sliding_window")
+        if native:
+            visible &= key_pos[None] > pos[:, None] - native
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         weights = weights.view(kv_heads, heads // kv_heads, m, n).mean(1)  # [Hkv, m, n]
         cum = weights.double().cumsum(-1)
         for w_idx, (window, sinks) in enumerate(self.windows):
-            # SWA(W, S) drops keys S .. pos - (W - S) (inclusive): past the sinks, before the recent.
-            hi = pos - (window - sinks)
+            # SWA(W, S) drops absolute positions S .. pos - (W - S) (inclusive): past the sinks,
+            # before the recent; as key indices lo .. hi.
+            hi = pos - (window - sinks) - offset
+            lo = max(0, sinks - offset)
             idx = hi.clamp(min=0)[None, :, None].expand(kv_heads, m, 1)
             mass = cum.gather(-1, idx)[..., 0]
-            if sinks > 0:
-                mass = mass - cum[..., sinks - 1]
-            mass = torch.where((hi >= sinks)[None], mass, torch.zeros_like(mass))
+            if lo > 0:
+                mass = mass - cum[..., lo - 1]
+            mass = torch.where((hi >= lo)[None], mass, torch.zeros_like(mass))
             self.sums[w_idx, layer] += mass.sum(-1).cpu()
         self.queries[layer] += m
 
@@ -397,8 +415,9 @@ def mass_scores(
     full attention through an attention function of our own (``sinkwindow_mass``, registered with
     transformers' ``AttentionInterface``) that computes the softmax of the last ``last_queries``
     queries itself and otherwise calls the model's own attention, so the forward is unchanged.
-    Native sliding windows of a family (Gemma, Mistral) are not modelled: the mass is that of plain
-    causal attention. Leaves the model in full attention, on its original attention implementation.
+    A layer with a native sliding window (Gemma 3's local layers, Mistral) is measured as the model
+    runs it: its queries see only keys inside that window, so mass beyond it is already zero.
+    Leaves the model in full attention, on its original attention implementation.
 
     Returns:
         ``{(W, S): [layers, kv_heads]}`` float64 mass in [0, 1], averaged over counted queries and
@@ -422,7 +441,7 @@ def mass_scores(
     try:
         for p in prompts:
             ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
-            capture.first = max(0, ids.shape[1] - last_queries)
+            capture.start_prompt(max(0, ids.shape[1] - last_queries))
             prefill(model, ids, chunk_size=chunk_size, return_logits="last")
             if bar is not None:
                 bar.update(1)

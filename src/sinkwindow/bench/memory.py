@@ -214,18 +214,14 @@ def analytic_state_bytes(
     Returns:
         Bytes, summed over layers.
     """
-    if spec.is_hybrid or (spec.is_full or spec.is_windowed) and any(native_windows(config)):
-        # Per layer: hybrids, and models with native sliding layers (bounded under full attention).
+    if spec.is_full or spec.is_windowed:
+        # One formula for key/value caches, layer by layer (hybrids, native sliding layers).
         return sum(
             analytic_layer_bytes(spec, config, context, dtype=dtype, batch=batch, native_sliding=native_sliding)
         )
     layers, heads, kv_heads, head_dim = kv_geometry(config)
     elem = torch.empty((), dtype=dtype).element_size()
     per_token = 2 * batch * kv_heads * head_dim * elem  # one key + one value, one layer
-    if spec.kind == "full":
-        return layers * per_token * context
-    if spec.kind in ("swa", "evict"):
-        return layers * per_token * min(context, spec.window - 1)
     feats = feature_dim or head_dim
     state = layers * batch * heads * (feats * head_dim + feats) * LINEAR_STATE_BYTES
     if spec.kind == "linear":

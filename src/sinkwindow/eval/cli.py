@@ -342,7 +342,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     extra = []
     if args.short_data:
         extra = _short_tasks(args, cfg, model_tok, out)
-    path = write_report(out, extra_sections=extra, store=store)
+    path = write_report(out, extra_sections=extra, store=store, reference_run=_reference_run(args, cfg.model))
     print((out / "report.md").read_text().split("## Perplexity")[0])
     print(f"report: {path} (and report.html, PNGs, summary.json)")
     print(
@@ -384,10 +384,40 @@ def _short_tasks(args, cfg, model_tok, out: Path) -> list[str]:
     return [f"## Short tasks (lm-evaluation-harness, limit {args.short_limit or 'none'})", "", md, ""]
 
 
+def _reference_dir(value: str) -> str:
+    """``none`` or a run folder holding ``results.jsonl``."""
+    if value == "none":
+        return value
+    if not (Path(value) / "results.jsonl").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{value} holds no results.jsonl: pass a folder written by sinkwindow compare, or none"
+        )
+    return value
+
+
+def _reference_run(args: argparse.Namespace, model: str) -> Path | None:
+    """``--reference-run``: a folder, ``none``, or (unset) the committed ``<date>-<model>-long`` run."""
+    from .reference_run import REFERENCE_SUFFIX, find_reference_run
+
+    choice = getattr(args, "reference_run", None)
+    if choice == "none":
+        return None
+    if choice is not None:
+        return Path(choice)
+    found = find_reference_run(model)
+    if found is None:
+        print(
+            f"note: no reference run for {model} here (benchmarks/results/<date>-{model}{REFERENCE_SUFFIX}/ "
+            "in a source checkout); the report has the quick numbers only",
+            file=sys.stderr,
+        )
+    return found
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    path = write_report(args.run_dir)
+    path = write_report(args.run_dir, reference_run=getattr(args, "reference_run", None))
     print(path)
     print(json.dumps({"run_dir": str(args.run_dir), "report": str(path)}))
     return 0
@@ -503,6 +533,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "S-NIAH 0.5-4K, BABILong 0-4K) and run nothing",
     )
     _add_babilong_facts(p)
+    p.add_argument(
+        "--reference-run",
+        type=_reference_dir,
+        default=None,
+        help="committed long run whose headline tables the report adds, or none (default: the newest "
+        "benchmarks/results/<date>-MODEL-long/ of a source checkout, if any)",
+    )
     cli_args.add_out(p, "runs/compare", help="run folder (resumes if it exists)")
     p.set_defaults(func=_cmd_compare)
 
@@ -511,5 +548,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "run_dir", type=cli_args.existing_dir("run folder"), help="a folder a sinkwindow run wrote"
+    )
+    p.add_argument(
+        "--reference-run",
+        type=_reference_dir,
+        default=None,
+        help="a committed long run whose headline tables to add (e.g. benchmarks/results/<date>-smollm2-135m-long)",
     )
     p.set_defaults(func=_cmd_report)

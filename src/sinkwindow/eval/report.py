@@ -43,7 +43,14 @@ from .stats import (
     wilson_interval,
 )
 
-__all__ = ["summarize", "markdown_report", "write_report", "long_context_rows", "PAPER_REFERENCE"]
+__all__ = [
+    "summarize",
+    "markdown_report",
+    "write_report",
+    "long_context_rows",
+    "headline_sections",
+    "PAPER_REFERENCE",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -523,12 +530,12 @@ def _summary_table(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _swa_lolcats_section(s: dict) -> list[str]:
+def _swa_lolcats_section(s: dict, level: int = 2) -> list[str]:
     """The paper's ratio SWA ÷ LoLCATs per length, ours with paired intervals, the paper's beside."""
     if not s["swa_vs_lolcats"]:
         return []
     lines = [
-        "## SWA ÷ LoLCATs, the paper's comparison",
+        "#" * level + " SWA ÷ LoLCATs, the paper's comparison",
         "",
         "Ratio of mean accuracies on the same samples (95% paired bootstrap interval; n pairs). "
         "Above 1: SWA wins. (÷0): LoLCATs scored 0, so the ratio has no finite value.",
@@ -561,6 +568,18 @@ def _swa_lolcats_section(s: dict) -> list[str]:
                 )
         lines.append("")
     return lines
+
+
+def headline_sections(s: dict, level: int = 2) -> list[str]:
+    """The paper's headline in Markdown lines, from :func:`summarize`'s dict: the summary table, the
+    two families of its Table 3 (S-NIAH-3, BABILong QA1–5) per length, and SWA ÷ LoLCATs.
+    ``level`` is the heading depth, so another page can embed them (``reference_run.py``)."""
+    h = "#" * level
+    lines = [f"{h} Summary", "", _summary_table(s), ""]
+    for family in ("niah_single_3", "babilong"):
+        if family in s["accuracy"]:
+            lines += [f"{h} {TASK_TITLES[family]}", "", _accuracy_table(s, family), ""]
+    return lines + _swa_lolcats_section(s, level)
 
 
 def _hybrid_section(s: dict) -> list[str]:
@@ -1060,7 +1079,13 @@ def _bench_report(run: Path) -> Path:
     return run / "bench.md"
 
 
-def write_report(run_dir: str | Path, extra_sections: list[str] = (), *, store=None) -> Path:
+def write_report(
+    run_dir: str | Path,
+    extra_sections: list[str] = (),
+    *,
+    store=None,
+    reference_run: str | Path | None = None,
+) -> Path:
     """Rebuild the report of a run folder; return the path of its Markdown page.
 
     - long-context (``results.jsonl`` of ``eval``/``compare`` rows): ``report.md``, ``report.html``,
@@ -1074,6 +1099,8 @@ def write_report(run_dir: str | Path, extra_sections: list[str] = (), *, store=N
     Args:
         store: a ``ResultsStore`` of this folder whose ``rows()`` to report instead of every row
             of the file (``run_eval``'s store covers the cells the run asked for).
+        reference_run: a committed long run of the same model (``reference_run.py``) whose headline
+            tables to add, computed from its own ``results.jsonl``; ignored when it is this folder.
 
     Raises:
         FileNotFoundError: no such folder, or it holds no results (nothing is created).
@@ -1116,6 +1143,10 @@ def write_report(run_dir: str | Path, extra_sections: list[str] = (), *, store=N
         section = _short_section(lm_rows or None, run / "short")
         if section:
             extra += [section, ""]
+    if reference_run is not None and Path(reference_run).resolve() != run.resolve():
+        from .reference_run import reference_section
+
+        extra += reference_section(reference_run, link_from=run)
     s = summarize(rows)
     plots = _plots(s, run)
     md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes)

@@ -91,7 +91,36 @@ def library_versions() -> dict[str, str]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             continue
+    commit = source_commit()
+    if commit:
+        out["sinkwindow-commit"] = commit
     return out
+
+
+def source_commit() -> str | None:
+    """The git commit of the sinkwindow source tree (``+dirty`` with uncommitted changes), or ``None``
+    for an installed copy that is not a git checkout. Recorded so a committed run names its code."""
+    import subprocess
+
+    src = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+dirty" if dirty else head or None
 
 
 def _now() -> str:

@@ -280,3 +280,72 @@ def test_paper_sweep_plan_has_eleven_models(model_dir):
     assert phi["past_context"] == [4096]
     text = format_sweep_plan(p)
     assert "**total** (11 models)" in text and "Assumed: H100" in text
+
+
+DRIVER = """
+import os, sys, time
+from sinkwindow.eval.scheduler import Cell, CellJob, LocalScheduler
+import stuck
+
+if __name__ == "__main__":
+    job = CellJob(config=sys.argv[1], load=stuck.load, cell_fn=stuck.cell)
+    cell = Cell(model="m", method="full", task="niah_single_1", length=512, seed=0, indices=(0,))
+    LocalScheduler(workers=1, threads=1).run(job, [cell], lambda *a: None)
+"""
+
+STUCK = """
+import os, time
+
+def load():
+    return None
+
+def cell(config, cell, mt, state):
+    with open(config, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    return []
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its new parent) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="re-parenting and /proc are Linux behaviour")
+def test_a_killed_driver_takes_its_busy_workers_with_it(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "stuck.py").write_text(STUCK)
+    pid_file = tmp_path / "worker.pid"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]), OMP_NUM_THREADS="1")
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(pid_file)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            assert driver.poll() is None, "the driver ended before its worker started the cell"
+            time.sleep(0.2)
+        worker = int(pid_file.read_text())
+        assert _alive(worker)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 15
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(worker), "the worker kept computing after its driver was killed"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -206,12 +206,35 @@ class _PickledModel:
         return pickle.loads(self.payload)
 
 
+# How often a worker checks that its driver still lives: a killed driver (SIGKILL, a closed
+# session) cannot terminate its workers, and a worker deep in a long cell would not see the broken
+# pipe until that cell ends, computing for no one on a shared machine.
+DRIVER_POLL_S = 1.0
+
+
+def _exit_with_driver(poll_s: float = DRIVER_POLL_S) -> None:
+    """Start a daemon thread that ends this process as soon as its parent is gone (it is re-parented)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="sinkwindow-driver-watch", daemon=True).start()
+
+
 def _worker_main(conn, payload: bytes, threads: int) -> None:
     """A local worker: load the model once, then run the cells the driver sends until told to stop."""
     import signal
 
     # Ctrl-C reaches the whole process group; the driver decides what stops (it terminates us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_driver()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its Rust pool would use every core
     import torch
 

@@ -99,6 +99,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         convert_options={"affine": args.affine, "init": args.init, "feature_map": args.feature_map},
         model_name=args.model,
     )
+    try:
+        from .curves import plot_curves
+
+        curves = plot_curves(out)
+    except ImportError as err:  # matplotlib is an extra; the checkpoint matters more than the plot
+        logging.getLogger(__name__).warning("no curves.png: %s (pip install 'sinkwindow[eval]')", err)
+    else:
+        if curves is not None:
+            print(f"loss curves: {curves}")
     if summary["finished"]:
         print(f"trained {spec}: checkpoint {summary['checkpoint']}")
         print(

@@ -1147,6 +1147,9 @@ def write_report(
         from .reference_run import reference_section
 
         extra += reference_section(reference_run, link_from=run)
+    from .sessions import session_lines
+
+    extra += session_lines(run, store.all_rows())
     s = summarize(rows)
     plots = _plots(s, run)
     md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes)

@@ -57,6 +57,7 @@ RUN_FILES = (
     RESULTS_FILE,
     CONFIG_FILE,
     FINGERPRINT_FILE,
+    "sessions.jsonl",
     "report.md",
     "report.html",
     "summary.json",
@@ -123,8 +124,10 @@ def source_commit() -> str | None:
     return f"{head}+dirty" if dirty else head or None
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+def utc_now(timespec: str = "seconds") -> str:
+    """Now, UTC, ISO 8601 (config.json to the second; rows and sessions to the microsecond, so a
+    row is never timed with the start of the session after it)."""
+    return datetime.now(UTC).isoformat(timespec=timespec)
 
 
 def check_run_dir(run_dir: str | os.PathLike) -> Path:
@@ -268,7 +271,7 @@ class RunLock:
             )
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps({"pid": os.getpid(), "started": _now(), "host": platform.node()}).encode())
+        os.write(fd, json.dumps({"pid": os.getpid(), "started": utc_now(), "host": platform.node()}).encode())
         os.fsync(fd)
         self._fd = fd
         return self
@@ -383,7 +386,7 @@ class ResultsStore:
     def _write_settings(self, settings: dict) -> None:
         from .fingerprint import settings_fingerprint
 
-        data = {"fingerprint": settings_fingerprint(settings), "settings": settings, "updated": _now()}
+        data = {"fingerprint": settings_fingerprint(settings), "settings": settings, "updated": utc_now()}
         tmp = self.dir / (FINGERPRINT_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
         tmp.replace(self.dir / FINGERPRINT_FILE)
@@ -397,7 +400,7 @@ class ResultsStore:
                 previous = None
         full = dict(config)
         full["versions"] = library_versions()
-        full["updated"] = _now()
+        full["updated"] = utc_now()
         if isinstance(previous, dict):
             history = previous.pop("history", [])
             if {k: v for k, v in previous.items() if k not in ("updated", "versions")} != config:

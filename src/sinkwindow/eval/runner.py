@@ -35,7 +35,7 @@ from ..spec import parse_spec
 from ..switch import use_method
 from ..threads import apply_threads
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
-from .results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
+from .results import ResultsStore, RunLock, check_resume, check_run_dir, row_key, source_commit, utc_now
 from .scheduler import (
     Cell,
     CellJob,
@@ -45,6 +45,7 @@ from .scheduler import (
     _PickledModel,
     make_scheduler,
 )
+from .sessions import machine_info, start_session
 
 __all__ = [
     "EvalConfig",
@@ -597,6 +598,17 @@ def run_eval(
         cells = plan(
             config, settings=settings, done=store, batch_size=default_batch_size(config, batch_model)
         )
+        if cells:
+            start_session(
+                out_dir,
+                utc_now("microseconds"),
+                machine=machine_info(config.device),
+                threads=threads.get("threads") or "per worker",
+                scheduler=scheduler.describe(len(cells)),
+                samples_to_run=sum(len(c.indices) for c in cells),
+                rows_before=len(store.all_rows()),
+                commit=source_commit(),
+            )
         _run_cells(config, store, cells, scheduler, job, progress, on_row)
     return store
 
@@ -628,7 +640,8 @@ def _run_cells(
             # through after all must not write its rows twice.
             if row_key(row) not in wanted or store.has(row):
                 continue
-            store.append(row)
+            # When it was written: a session's wall time is read back from its last row (sessions.py).
+            store.append({**row, "written": utc_now("microseconds")})
             if on_row is not None:
                 on_row(row)
         finished += 1

@@ -191,17 +191,6 @@ def test_convert_refuses_bad_states():
     assert get_retrofit(model).variant.kind == "linear"
 
 
-def test_padded_batches_are_refused():
-    model = converted()
-    ids = ids_for(10).repeat(2, 1)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    with torch.no_grad():
-        model(ids, attention_mask=torch.ones_like(ids), use_cache=False)
-        with pytest.raises(NotImplementedError, match="padded"):
-            model(ids, attention_mask=mask, use_cache=False)
-
-
 def test_load_linear_needs_a_checkpoint():
     with pytest.raises(ValueError, match="sinkwindow train"):
         load_linear(tiny_model("llama"), f"lolcats:{W}", None)

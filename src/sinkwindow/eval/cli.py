@@ -124,7 +124,7 @@ def _add_common(
         type=cli_args.integer(1, what="--batch-size"),
         default=None,
         help="samples decoded as one left-padded batch; results do not depend on it "
-        "(default: 8 on CPU, 32 on CUDA; linear baselines run one at a time)",
+        "(default: 8 on CPU, 32 on CUDA)",
     )
     cli_args.add_threads(p, help=cli_args.THREADS_HELP + "; workers of --workers/--ray get their own")
     cli_args.add_no_progress(p)

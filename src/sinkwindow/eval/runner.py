@@ -105,8 +105,8 @@ class EvalConfig:
             worker loads with the same map. In the fingerprint only as the device kind it computes
             on (``fingerprint.device_map_kind``): placement does not change results.
         batch_size: samples of one (task, length, method) decoded as one left-padded batch;
-            ``None``: ``DEFAULT_BATCH`` for the device (linear baselines and perplexity always run
-            one at a time). Not part of the run's fingerprint: it must not change results.
+            ``None``: ``DEFAULT_BATCH`` for the device (perplexity windows always run one at a
+            time). Not part of the run's fingerprint: it must not change results.
         workers: run the cells in local worker processes, each with its own model copy: a count,
             or ``"auto"`` (one per core, at most one per cell); ``None``: in this process.
         ray: run the cells as Ray tasks: ``True`` for a local Ray instance, or a cluster address.
@@ -389,8 +389,8 @@ def plan(
     """The cells of ``config``, in run order (method, task, length, then sample index).
 
     Each cell holds the samples decoded as one batch: up to ``batch_size`` of them (default:
-    :func:`default_batch_size`), one for perplexity windows and the linear baselines (their
-    kernels take no padding mask).
+    :func:`default_batch_size`), one for perplexity windows. The linear baselines batch too: their
+    attention runs each row's real tokens with that row's own state (``linear/attention.py``).
 
     Args:
         settings: the run's settings (``fingerprint.run_settings``), to give each cell its rows'
@@ -400,12 +400,10 @@ def plan(
     batch_size = batch_size or default_batch_size(config)
     cells = []
     for method in config.methods:
-        # Linear baselines decode one sample at a time: their kernels take no padding mask.
-        linear = parse_spec(method).is_linear
         for task in config.tasks:
             fp = row_fingerprint(settings, task, method) if settings is not None else None
             n = config.ppl_windows if task == "ppl" else config.samples
-            bs = 1 if task == "ppl" or linear else batch_size
+            bs = 1 if task == "ppl" else batch_size
             for length in _task_lengths(task, config):
                 todo = list(range(n))
                 if done is not None:

@@ -406,8 +406,9 @@ def linear_attention_forward(
         query: (b, H, T, D), post-RoPE.
         key, value: (b, Hkv, n, D) as the cache returned them: n = T for ``LinearAttnCache`` and
             for no cache, n ≥ T for a stock cache (the first n − T are earlier tokens).
-        attention_mask: ignored; the kernels are causal by construction and padded batches are
-            refused by ``linear_attention_mask`` (LINEAR.md §7.6).
+        attention_mask: ``None``, or the (b, T) padding flags of a padded batch from
+            ``linear_attention_mask`` (the kernels are causal by construction); a padded batch runs
+            row by row (``_row_attention``), each row with its own state in the cache.
         scaling: score scale of the window term.
 
     Returns:
@@ -428,12 +429,34 @@ def linear_attention_forward(
     T = query.shape[-2]
     variant = retrofit.variant
     n_old = 0 if layer is not None else key.shape[-2] - T
+    # linear_attention_mask hands over the new tokens' padding flags (b, T), or None.
+    valid = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 else None
+    if valid is not None and valid.shape != (query.shape[0], T):
+        raise ValueError(f"padding flags {tuple(valid.shape)} do not match the batch and the {T} new tokens")
     features = None
     if variant.kind == "liger":
         rope, rotated = module.__dict__.get(ROPE_ATTR), getattr(module, "use_rope", True)
         features = liger_features(
             variant, pre_rope(query, rope, rotated), pre_rope(key[:, :, n_old:], rope, rotated)
         )
+    if layer is not None and (valid is not None or layer.rows is not None):
+        o, states = _row_attention(
+            module, variant, query, key, value, scaling, valid, layer.row_states(query.shape[0]),
+            features, output_state=True,
+        )  # fmt: skip
+        layer.set_row_states(states)
+        return o.to(query.dtype).transpose(1, 2).contiguous(), None
+    if valid is not None:
+        if n_old > 0:
+            raise NotImplementedError(
+                f"a padded batch with a {type(cache).__name__} of earlier tokens: pass "
+                "cache=sinkwindow.make_cache(model) (each row then keeps its own state)"
+            )
+        o, _ = _row_attention(
+            module, variant, query, key, value, scaling, valid, [None] * query.shape[0], features,
+            output_state=False,
+        )  # fmt: skip
+        return o.to(query.dtype).transpose(1, 2).contiguous(), None
     if layer is not None:
         o, state = student_attention(
             module, variant, query, key, value, scaling, layer.state, output_state=True, features=features
@@ -462,15 +485,67 @@ def linear_attention_forward(
     return o.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-def linear_attention_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
-    """Mask builder registered under ``ATTN_NAME``: no mask, but refuse padded batches.
+def linear_attention_mask(
+    *args, attention_mask: torch.Tensor | None = None, q_length: int | None = None, **kwargs
+) -> torch.Tensor | None:
+    """Mask builder registered under ``ATTN_NAME``: the new tokens' padding flags, or ``None``.
 
-    The kernels are causal by construction, so no (L, L) mask is ever built. Padding would need
-    −inf window scores and φk = 0 at pad keys, which LoLCATs does not do either (LINEAR.md §7.6).
+    The kernels are causal by construction, so no (L, L) mask is ever built. A padded batch gets
+    its (b, T) ``True``-for-real-token flags of the T new tokens (the last T columns of the
+    padding mask, which covers every column so far), and ``linear_attention_forward`` runs each
+    row's real tokens on their own (LoLCATs does not mask pads at all, LINEAR.md §7.6).
     """
-    if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
-        raise NotImplementedError(
-            "linear-attention baselines do not support padded batches yet; run one sequence at a time "
-            "(batch size 1, or equal-length rows without padding)"
-        )
-    return None
+    if attention_mask is None or attention_mask.ndim != 2 or bool(attention_mask.all()):
+        return None
+    if q_length is None:
+        cache_position = kwargs.get("cache_position")
+        q_length = cache_position.shape[0] if cache_position is not None else attention_mask.shape[-1]
+    return attention_mask[:, -q_length:].to(torch.bool)
+
+
+def _row_attention(
+    module: torch.nn.Module,
+    variant: LinearVariant,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    valid: torch.Tensor | None,
+    states: list,
+    features: tuple[torch.Tensor, ...] | None,
+    output_state: bool,
+) -> tuple[torch.Tensor, list]:
+    """A padded batch, one row at a time: each row's real tokens through ``student_attention`` with
+    that row's own state, so every row computes what it computes alone (a pad key never enters a
+    window, a feature sum or a gated state). Pad queries get zeros.
+
+    Args:
+        query: (b, H, T, D); key, value: (b, Hkv, T, D), the new tokens only.
+        valid: (b, T) bool, ``True`` at real tokens, or ``None`` (all real: decoding a padded batch).
+        states: one state (or ``None``) per row.
+        features: Liger's (φq, φk, g) of the new tokens, batched; sliced per row here.
+
+    Returns:
+        (b, H, T, D) in ``value.dtype``, and the rows' new states.
+    """
+    out = torch.zeros(query.shape[:-1] + (value.shape[-1],), dtype=value.dtype, device=value.device)
+    new_states = list(states)
+    for r in range(query.shape[0]):
+        idx = None if valid is None else valid[r].nonzero().squeeze(-1)
+        if idx is not None and idx.numel() == 0:
+            continue  # a chunk of pads only: nothing to attend, the state waits
+
+        def take(x: torch.Tensor, r=r, idx=idx) -> torch.Tensor:
+            return x[r : r + 1] if idx is None else x[r : r + 1].index_select(2, idx)
+
+        feats = None if features is None else tuple(take(f) for f in features)
+        o, st = student_attention(
+            module, variant, take(query), take(key), take(value), scaling, states[r],
+            output_state=output_state, features=feats,
+        )  # fmt: skip
+        if idx is None:
+            out[r : r + 1] = o
+        else:
+            out[r : r + 1, :, idx] = o
+        new_states[r] = st
+    return out, new_states

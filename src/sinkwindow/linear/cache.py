@@ -72,6 +72,9 @@ class LinearAttnLayer(CacheLayerMixin):
         self.window = window
         self.S: torch.Tensor | None = None
         self.z: torch.Tensor | None = None
+        # A padded batch keeps one state per row instead (``row_states``): rows have seen different
+        # numbers of real tokens, so their windows differ in length and cannot share one tensor.
+        self.rows: list | None = None
         self.cumulative_length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -112,6 +115,7 @@ class LinearAttnLayer(CacheLayerMixin):
         """Store the state after the current forward (called by the attention function)."""
         if isinstance(state, LigerAttnState) != (self.kind == "liger"):
             raise TypeError(f"a {self.kind} layer got a {type(state).__name__}")
+        self.rows = None
         if isinstance(state, LigerAttnState):
             self.S, self.z = state.S, None
         else:
@@ -121,6 +125,37 @@ class LinearAttnLayer(CacheLayerMixin):
                 raise TypeError("a pure linear-attention layer got a hybrid state")
             # Slice views of the (FIFO + chunk) buffer would pin the whole chunk: keep a copy.
             self.keys, self.values = state.k_win.contiguous().clone(), state.v_win.contiguous().clone()
+
+    def row_states(self, batch: int) -> list:
+        """One state (or ``None``) per row, for a padded batch; a batched state is split into rows."""
+        if self.rows is not None:
+            if len(self.rows) != batch:
+                raise ValueError(f"the cache holds {len(self.rows)} rows, the batch has {batch}")
+            return list(self.rows)
+        state = self.state
+        if state is None:
+            return [None] * batch
+        return [type(state)(*(t[r : r + 1] for t in state)) for r in range(batch)]
+
+    def set_row_states(self, states: list) -> None:
+        """Store each row's state after the current forward (called by the attention function)."""
+        kinds = {type(st) for st in states if st is not None}
+        expected = (
+            LigerAttnState if self.kind == "liger" else HybridAttnState if self.window else LinearAttnState
+        )
+        if kinds - {expected}:
+            raise TypeError(f"a {self.kind} layer got {sorted(k.__name__ for k in kinds)}")
+        # Slice views of the (FIFO + chunk) buffer would pin the whole chunk: keep copies.
+        self.rows = [None if st is None else type(st)(*(t.contiguous().clone() for t in st)) for st in states]
+        self.S = self.z = self.keys = self.values = None
+
+    def _map_tensors(self, fn) -> None:
+        for name in ("S", "z", "keys", "values"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, fn(t))
+        if self.rows is not None:
+            self.rows = [None if st is None else type(st)(*(fn(t) for t in st)) for st in self.rows]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # Nothing masks this layer (the kernels are causal by construction); report what
@@ -144,32 +179,39 @@ class LinearAttnLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.S = self.z = None
         self.keys = self.values = None
+        self.rows = None
         self.is_initialized = False
         self.cumulative_length = 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        for name in ("S", "z", "keys", "values"):
-            t = getattr(self, name)
-            if t is not None:
-                setattr(self, name, t.index_select(0, beam_idx.to(t.device)))
+        if self.rows is not None:
+            self.rows = [self.rows[int(i)] for i in beam_idx]
+            return
+        self._map_tensors(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def offload(self) -> None:
-        for name in ("S", "z", "keys", "values"):
-            t = getattr(self, name)
-            if t is not None:
-                setattr(self, name, t.to("cpu", non_blocking=True))
+        self._map_tensors(lambda t: t.to("cpu", non_blocking=True))
 
     def prefetch(self) -> None:
-        for name in ("S", "z", "keys", "values"):
-            t = getattr(self, name)
-            if t is not None and t.device != self.device:
-                setattr(self, name, t.to(self.device, non_blocking=True))
+        self._map_tensors(lambda t: t if t.device == self.device else t.to(self.device, non_blocking=True))
+
+    def _tensors(self) -> list[torch.Tensor]:
+        held = [t for t in (self.S, self.z, self.keys, self.values) if t is not None]
+        for st in self.rows or []:
+            if st is not None:
+                held += list(st)
+        return held
 
     def nbytes(self) -> int:
-        """Bytes held right now: S, z (none for Liger) and the FIFO."""
-        return sum(
-            t.numel() * t.element_size() for t in (self.S, self.z, self.keys, self.values) if t is not None
-        )
+        """Bytes held right now: S, z (none for Liger) and the FIFO (of every row, in a padded batch)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def fifo_length(self) -> int:
+        """FIFO entries held right now (the longest row's in a padded batch; 0 for pure linear)."""
+        if self.rows is not None:
+            lengths = [st.k_win.shape[-2] for st in self.rows if st is not None and hasattr(st, "k_win")]
+            return max(lengths, default=0)
+        return self.keys.shape[-2] if self.keys is not None else 0
 
 
 class LinearAttnCache(Cache):
@@ -192,4 +234,4 @@ class LinearAttnCache(Cache):
 
     def persisted_lengths(self) -> list[int]:
         """FIFO entries each layer holds right now (0 for pure linear attention)."""
-        return [layer.keys.shape[-2] if layer.keys is not None else 0 for layer in self.layers]
+        return [layer.fifo_length() for layer in self.layers]

@@ -191,6 +191,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the test: tiny models run many small ops, and on a shared 2-core box two
+    OpenMP threads make each op wait for a time slice (~100x slower). Modules that run tiny models
+    use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def tiny_folder(tmp_path):
     """A tiny Llama saved as a local model folder, with a word-level tokenizer, for ``sinkwindow.load``."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -260,7 +260,16 @@ def test_greedy_finds_the_complement_that_the_top_k_misses():
 def test_greedy_calibration_records_steps_a_direct_nll_reproduces(pair):
     model, tok = pair
     res = calibrate(
-        model, tok, "swa:64:4", 2, by="head", select="greedy", pool=3, samples=2, length=LENGTH, progress=False
+        model,
+        tok,
+        "swa:64:4",
+        2,
+        by="head",
+        select="greedy",
+        pool=3,
+        samples=2,
+        length=LENGTH,
+        progress=False,
     )
     assert res.select == "greedy" and res.pool == 3 and len(res.steps) == 2
     assert res.chosen == [s["added"] for s in res.steps]
@@ -379,8 +388,10 @@ def test_calibrate_command_greedy_prints_and_saves_its_steps(eval_pair_folder, t
         (["--full-layers", "2", "--seed", "42"], "tune on the test set"),
         (["--full-layers", "2", "--length", "100"], "must be >= 256 tokens"),
         (["--full-layers", "2", "--criterion", "best"], "invalid choice"),
-        (["--full-layers", "2", "--select", "greedy", "--criterion", "mass", "--model", "{model}"],
-         "use --criterion nll"),
+        (
+            ["--full-layers", "2", "--select", "greedy", "--criterion", "mass", "--model", "{model}"],
+            "use --criterion nll",
+        ),
         (["--full-layers", "1", "--pool", "2", "--model", "{model}"], "add --select greedy"),
         (["--full-layers", "2", "--out", "{tmp}/afile.txt"], "is a file: give a folder"),
         (["--full-layers", "3", "--model", "{model}"], "more than the model's 2 layers: give K from 1 to 2"),

@@ -207,7 +207,9 @@ def test_analytic_bytes_follow_native_sliding_layers(family, spec, policy):
         slack = 5 * 2 * 4 * sum(model.config.num_key_value_heads * 8 for _ in per_layer)
         assert total <= cache_nbytes(cache) <= total + slack
     if spec.is_full and family != "llama":  # bounded below n keys on every native sliding layer
-        assert sum(per_layer) < analytic_layer_bytes(spec, tiny_model("llama").config, LENGTH)[0] * len(per_layer)
+        assert sum(per_layer) < analytic_layer_bytes(spec, tiny_model("llama").config, LENGTH)[0] * len(
+            per_layer
+        )
 
 
 def cache_nbytes_layer(layer) -> int:

@@ -15,14 +15,7 @@ T = 37  # not a multiple of W
 ATOL = 2e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models run many small ops; on a shared 2-core box two OpenMP threads make each op
-    # wait for a time slice (~100x slower). One thread keeps these tests fast.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def ids_for(n: int, seed: int = 0) -> torch.Tensor:

@@ -17,12 +17,7 @@ SPECS = [f"lolcats:{W}", f"liger:{W}", "linear"]
 LENGTHS = (23, 9, 3)  # longer than W, shorter than W, shorter than the first prefill chunk
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_for(spec: str):

@@ -27,13 +27,7 @@ from sinkwindow.linear.transfer import (
 W = 8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # See test_linear_model.py: tiny ops on a shared 2-core box are far faster on one thread.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class CharTokenizer:

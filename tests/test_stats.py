@@ -41,6 +41,9 @@ def test_wilson_edges_stay_inside_the_unit_interval_without_collapsing():
     assert wilson_interval(0, 10).lo == 0.0 and wilson_interval(0, 10).hi > 0.2
     assert wilson_interval(10, 10).hi == 1.0 and wilson_interval(10, 10).lo < 0.8
     assert wilson_interval(1, 3).lo > 0 and wilson_interval(9, 10).hi < 1
+    # Exact ends at every n, not only where the rounding happens to land on them (n = 6 did not).
+    for n in range(1, 200):
+        assert wilson_interval(n, n).hi == 1.0 and wilson_interval(0, n).lo == 0.0
     # More samples, narrower interval, same p̂.
     assert wilson_interval(50, 100).width < wilson_interval(5, 10).width
     # A wider z gives a wider interval.

@@ -100,7 +100,11 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> Interval:
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), n)
+    # centre + half is 1 in exact arithmetic at p̂ = 1, but rounds to 1 − 1e-16 for some n (6): the
+    # interval would then end below its own estimate.
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return Interval(p, lo, hi, n)
 
 
 def _as_cells(values) -> list[np.ndarray]:

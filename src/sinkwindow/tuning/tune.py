@@ -637,7 +637,8 @@ def plot_frontier(result: TuneResult, path: str | Path) -> Path:
     for c in result.candidates:
         colour = "tab:red" if c.on_frontier else ("tab:gray" if c.in_budget else "black")
         marker = "s" if c.spec == "full" else "o"
-        err = [[c.score - c.lo], [c.hi - c.score]]
+        # Clamped: an interval may end a rounding error inside its estimate (matplotlib refuses < 0).
+        err = [[max(0.0, c.score - c.lo)], [max(0.0, c.hi - c.score)]]
         ax.errorbar(c.kv_bytes / mib, c.score, yerr=err, fmt=marker, color=colour, ms=5, capsize=2, alpha=0.8)
         if c.on_frontier or c.spec == "full":
             ax.annotate(

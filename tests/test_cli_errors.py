@@ -411,6 +411,27 @@ def test_models_ends_with_one_json_line(capsys):
     assert capsys.readouterr().out.count("\n") == 1
 
 
+def test_models_lists_the_shipped_adapters(capsys, tmp_path, monkeypatch):
+    import json
+
+    from sinkwindow.linear import adapters
+
+    monkeypatch.setattr(adapters, "ADAPTER_DIR", tmp_path)
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert _last_json(out)["adapters"] == [] and "none" in out
+    (tmp_path / "tiny--lolcats8.safetensors").write_bytes(b"x")
+    prov = {"model": "tiny", "spec": "lolcats:8", "file": "tiny--lolcats8.safetensors", "sha256": "ab" * 32,
+            "bytes": 1, "tokens": {"transfer": 1024, "finetune": 2048},
+            "val_loss": {"transfer": {"best": 9.5}, "finetune": {"best": 1.73}}, "sinkwindow_commit": "c"}  # fmt: skip
+    (tmp_path / "tiny--lolcats8.json").write_text(json.dumps(prov))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    listed = _last_json(out)["adapters"]
+    assert [(a["model"], a["spec"], a["sha256"]) for a in listed] == [("tiny", "lolcats:8", "ab" * 32)]
+    assert "transfer 1,024 + finetune 2,048 tokens" in out and "abababababab" in out
+
+
 def test_generate_ends_with_one_json_line(tiny_folder, capsys):
     rc = main(["generate", "--model", str(tiny_folder), "--method", "swa:8:2", "--prompt", "w2 w3 w4",
                "--max-new-tokens", "3", "--no-progress"])  # fmt: skip

@@ -107,6 +107,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
+    from .linear.adapters import list_adapters
     from .models import DEFAULT_MODEL, list_models
     from .patch import TESTED_MODEL_TYPES
 
@@ -126,7 +127,35 @@ def _cmd_models(args: argparse.Namespace) -> int:
             "one). The test suite runs every runtime contract on:"
         )
         print("  " + ", ".join(TESTED_MODEL_TYPES))
-    print(json.dumps({"models": rows, "default": DEFAULT_MODEL, "tested_families": list(TESTED_MODEL_TYPES)}))
+    adapters = [
+        {
+            k: a.get(k)
+            for k in ("model", "spec", "file", "sha256", "bytes", "tokens", "val_loss", "sinkwindow_commit")
+        }
+        for a in list_adapters()
+    ]
+    if not args.json:
+        print(
+            "\nTrained baselines shipped with the package (--method SPEC finds them; --checkpoint overrides):"
+        )
+        for a in adapters:
+            tokens = " + ".join(f"{k} {v:,}" for k, v in (a["tokens"] or {}).items())
+            final = {k: round(v["best"], 4) for k, v in (a["val_loss"] or {}).items()}
+            print(
+                f"  {a['model']:<14} {a['spec']:<12} {tokens} tokens; best validation {final}; sha256 {a['sha256'][:12]}"
+            )
+        if not adapters:
+            print("  none")
+    print(
+        json.dumps(
+            {
+                "models": rows,
+                "default": DEFAULT_MODEL,
+                "tested_families": list(TESTED_MODEL_TYPES),
+                "adapters": adapters,
+            }
+        )
+    )
     return 0
 
 

@@ -20,9 +20,9 @@ LENGTHS = (23, 9, 3)  # longer than W, shorter than W, shorter than the first pr
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def model_for(spec: str):
+def model_for(spec: str, family: str = "llama"):
     kw = {} if spec.startswith("liger") else {"init": "kaiming"}
-    return convert(tiny_model("llama"), spec, **kw).double()
+    return convert(tiny_model(family), spec, **kw).double()
 
 
 def rows(seed: int = 0) -> list[torch.Tensor]:
@@ -40,9 +40,18 @@ def left_padded(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor
     return ids, mask
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.replace(":", ""))
-def test_prefill_and_decode_of_a_padded_batch_equal_each_row_alone(spec):
-    model = model_for(spec)
+@pytest.mark.parametrize(
+    "spec,family",
+    [
+        *((s, "llama") for s in SPECS),
+        (f"liger:{W}", "qwen3"),
+        ("linear", "phi3"),
+        (f"lolcats:{W}", "smollm3"),
+    ],
+    ids=lambda x: x.replace(":", ""),
+)
+def test_prefill_and_decode_of_a_padded_batch_equal_each_row_alone(spec, family):
+    model = model_for(spec, family)
     prompts = rows()
     ids, mask = left_padded(prompts)
     steps = torch.randint(1, 101, (len(prompts), 4), generator=torch.Generator().manual_seed(1))

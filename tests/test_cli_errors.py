@@ -63,7 +63,7 @@ BAD_INPUTS = [
     (["compare", "--checkpoint", "lolcats64={tmp}/ck"], "is not a method spec"),
     (["compare", "--checkpoint", "lolcats:64={tmp}/nowhere"], "no checkpoint at"),
     (["compare", "--checkpoint", "lolcats:64={tmp}/empty"], "no checkpoint in"),
-    (["compare", "--checkpoint", "{tmp}/ck"], "write METHOD=PATH"),
+    (["compare", "--methods", "full,swa:64:4", "--checkpoint", "{tmp}/ck"], "write METHOD=PATH"),
     (["compare", "--short-data", "{tmp}/nowhere"], "does not exist"),
     (["compare", "--short-limit", "0"], "must be >= 1"),
     (["compare", "--seed", "-1"], "between 0 and 4294967295"),

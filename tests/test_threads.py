@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
+import time
+
 import pytest
 import torch
 
@@ -10,18 +15,20 @@ from sinkwindow.threads import choose_threads
 
 
 @pytest.mark.parametrize(
-    "requested,env,cores,load,expected,reason",
+    "requested,env,cores,busy,expected,reason",
     [
         (3, {"OMP_NUM_THREADS": "1"}, 2, 2.3, 3, "--threads"),  # the flag beats everything
         (None, {"OMP_NUM_THREADS": "4"}, 2, 0.1, 4, "OMP_NUM_THREADS"),
         (None, {"OMP_NUM_THREADS": "2"}, 2, 3.0, 2, "OMP_NUM_THREADS"),  # set on purpose: honoured
         (None, {}, 2, 2.3, 1, "other work running"),
-        (None, {}, 2, 1.5, 1, "other work running"),  # at cores - 0.5: busy
-        (None, {}, 2, 1.49, 2, "idle machine, every core"),
-        (None, {}, 16, 3.0, 16, "idle machine, every core"),
+        (None, {}, 2, 1.0, 1, "other work running"),  # one single-thread job: the other core
+        (None, {}, 2, 0.5, 1, "other work running"),  # half a core taken: busy
+        (None, {}, 2, 0.49, 2, "idle machine, every core"),
+        (None, {}, 2, 0.0, 2, "idle machine, every core"),
+        (None, {}, 16, 3.0, 13, "other work running"),  # a big box leaves 3 cores to the others
         (None, {}, 16, 15.6, 1, "other work running"),
+        (None, {}, 16, 40.0, 1, "other work running"),  # never below one thread
         (None, {}, 1, 5.0, 1, "idle machine, every core"),  # one core: one thread either way
-        (None, {}, 4, None, 4, "idle machine, every core"),  # no load average on this platform
         (None, {"OMP_NUM_THREADS": ""}, 2, 2.0, 1, "other work running"),  # empty: not set
         (None, {"OMP_NUM_THREADS": "auto"}, 2, 0.0, 2, "idle machine, every core"),  # not a count
         (None, {"OMP_NUM_THREADS": "0"}, 2, 2.0, 1, "other work running"),
@@ -30,19 +37,59 @@ from sinkwindow.threads import choose_threads
         str(v).replace(" ", "_") if not isinstance(v, dict) else "-".join(f"{k}={x}" for k, x in v.items())
     ),
 )
-def test_choose_threads(requested, env, cores, load, expected, reason, monkeypatch):
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load))
-    choice = choose_threads(requested, cores=cores, load=load, env=env)
+def test_choose_threads(requested, env, cores, busy, expected, reason):
+    choice = choose_threads(requested, cores=cores, busy=busy, env=env)
     assert (choice.threads, choice.reason) == (expected, reason)
+
+
+def test_unknown_busy_counts_as_idle(monkeypatch):
+    monkeypatch.setattr(threads, "busy_cores", lambda: None)  # no /proc/stat, no load average
+    assert choose_threads(cores=4, env={}).threads == 4
 
 
 def test_choose_threads_reads_the_machine_when_not_told(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.3, 2.0, 1.0))
+    monkeypatch.setattr(threads, "busy_cores", lambda: 1.04)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     choice = choose_threads()
     assert choice.threads == 1
-    assert choice.describe() == "torch threads: 1 (2 cores, load 2.3: other work running)"
+    assert choice.describe() == "torch threads: 1 (2 cores, 1.0 busy: other work running)"
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="busy_cores samples /proc/stat")
+def test_busy_cores_sees_a_running_process_and_not_itself():
+    """A child spinning one core reads as about one busy core; this process's own spinning does not
+    count. (Other tests may run beside this one, so only bounds that their load cannot break.)"""
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_spin, args=(6.0,))
+    child.start()
+    try:
+        time.sleep(1.0)  # let it start spinning
+        assert threads.busy_cores(1.0) >= 0.7
+    finally:
+        child.terminate()
+        child.join()
+    # This process spinning (another thread of it): its own time is taken out of the machine's.
+    baseline = threads.busy_cores(1.0)
+    spinner = threading.Thread(target=_spin, args=(1.5,))
+    spinner.start()
+    try:
+        with_own_spin = threads.busy_cores(1.0)
+    finally:
+        spinner.join()
+    assert with_own_spin < baseline + 0.5
+
+
+def test_busy_cores_falls_back_to_the_load_average(monkeypatch):
+    monkeypatch.setattr(threads, "_cpu_counters", lambda: None)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.7, 1.0, 0.5))
+    assert threads.busy_cores() == 1.7
 
 
 def test_apply_threads_decides_once_and_prints_once(monkeypatch, capsys):

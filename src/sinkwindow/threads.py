@@ -3,8 +3,13 @@
 OpenMP threads wait for each other at the end of every op, spinning. When other processes hold the
 cores, each of our threads keeps getting descheduled while its siblings spin, and a decode step of
 many small ops pays that at every op: on a loaded 2-core box, 2 threads made decode 10-20x slower
-than 1. So, unless told otherwise, a command uses one thread when the machine is busy and every
-core when it is idle (:func:`choose_threads`), and says which on stderr (:func:`apply_threads`).
+than 1. So, unless told otherwise, a command leaves the cores other processes use now to them and
+takes the rest (at least one; :func:`choose_threads`), and says which on stderr (:func:`apply_threads`).
+
+"Now" is a short sample of the machine's CPU counters (:func:`busy_cores`), not the 1-minute load
+average: that average lags a minute behind, so right after a package install (``make demo`` on a
+fresh machine) an idle box read as busy and the demo ran on one core, and a job started a few
+seconds ago read as absent.
 
 Threads never change results (every kernel gives the same numbers at any count): runs record the
 count beside their results, never in a results fingerprint.
@@ -12,17 +17,18 @@ count beside their results, never in a results fingerprint.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import time
 from typing import NamedTuple
 
-__all__ = ["ThreadChoice", "available_cores", "choose_threads", "apply_threads", "BUSY_MARGIN"]
+__all__ = ["ThreadChoice", "available_cores", "busy_cores", "choose_threads", "apply_threads", "BUSY_MARGIN"]
 
-# The machine counts as busy when the 1-minute load average is within half a core of the core
-# count. The average lags: a process that started t seconds ago adds only 1 - exp(-t/60) to it (0.4
-# after 30 s), so a box whose cores other jobs just filled reads a little under its core count; an
-# idle box (this process starting, a shell) reads well below cores - 0.5.
+# A core counts as taken by other work once they keep more than half of it busy: 0.4 cores of a
+# shell or a finishing install is noise; a single-thread job reads 0.9-1.0.
 BUSY_MARGIN = 0.5
+SAMPLE_SECONDS = 0.25
 
 
 class ThreadChoice(NamedTuple):
@@ -30,13 +36,13 @@ class ThreadChoice(NamedTuple):
 
     threads: int
     cores: int
-    load: float | None
+    busy: float | None
     reason: str
 
     def describe(self) -> str:
-        """``"torch threads: 1 (2 cores, load 2.3: other work running)"``."""
-        load = "" if self.load is None else f", load {self.load:.1f}"
-        return f"torch threads: {self.threads} ({self.cores} cores{load}: {self.reason})"
+        """``"torch threads: 1 (2 cores, 1.0 busy: other work running)"``."""
+        busy = "" if self.busy is None else f", {self.busy:.1f} busy"
+        return f"torch threads: {self.threads} ({self.cores} cores{busy}: {self.reason})"
 
     def to_json(self) -> dict:
         return self._asdict()
@@ -50,43 +56,77 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _load_1m() -> float | None:
+def _cpu_counters() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs from ``/proc/stat``; ``None`` where there is none."""
     try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on every platform
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
         return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])  # guest time is already inside user
+
+
+def busy_cores(seconds: float = SAMPLE_SECONDS) -> float | None:
+    """How many cores processes other than this one keep busy, over the next ``seconds``.
+
+    Samples ``/proc/stat`` before and after a sleep and takes this process's own CPU time out.
+    Where ``/proc/stat`` is missing, falls back to the 1-minute load average (lagging, see the
+    module docstring); ``None`` where neither exists.
+    """
+    before, own_before, t0 = _cpu_counters(), _own_cpu(), time.monotonic()
+    if before is None:
+        try:
+            return os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on every platform
+            return None
+    time.sleep(seconds)
+    after, own_after, t1 = _cpu_counters(), _own_cpu(), time.monotonic()
+    if after is None or after[1] <= before[1]:
+        return None
+    cpus = os.cpu_count() or 1
+    busy = (after[0] - before[0]) / (after[1] - before[1]) * cpus  # cores busy, all processes
+    own = (own_after - own_before) / max(t1 - t0, 1e-9)
+    return max(0.0, busy - own)
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def choose_threads(
     requested: int | None = None,
     *,
     cores: int | None = None,
-    load: float | None = None,
+    busy: float | None = None,
     env: dict | None = None,
 ) -> ThreadChoice:
     """The thread count to use, in this order: ``requested`` (``--threads``), ``OMP_NUM_THREADS`` if
-    set to a positive integer, 1 if the 1-minute load average is at least ``cores - BUSY_MARGIN``
-    (other processes hold the cores), else every core.
+    set to a positive integer, else the cores other processes leave free: every core when they keep
+    less than ``BUSY_MARGIN`` of one busy, one fewer for each further core they take, at least 1.
 
     Args:
         requested: what the user asked for, or ``None``.
         cores: cores to plan for (default :func:`available_cores`).
-        load: the 1-minute load average (default ``os.getloadavg()[0]``; unknown: treated as idle).
+        busy: cores other processes keep busy (default :func:`busy_cores`; unknown: treated as idle).
         env: environment to read ``OMP_NUM_THREADS`` from (default ``os.environ``).
     """
     cores = cores if cores is not None else available_cores()
-    load = load if load is not None else _load_1m()
     env = os.environ if env is None else env
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads must be positive, got {requested}")
-        return ThreadChoice(requested, cores, load, "--threads")
+        return ThreadChoice(requested, cores, busy, "--threads")
     omp = str(env.get("OMP_NUM_THREADS", "")).strip()
     if omp.isdigit() and int(omp) > 0:
-        return ThreadChoice(int(omp), cores, load, "OMP_NUM_THREADS")
-    if cores > 1 and load is not None and load >= cores - BUSY_MARGIN:
-        return ThreadChoice(1, cores, load, "other work running")
-    return ThreadChoice(cores, cores, load, "idle machine, every core")
+        return ThreadChoice(int(omp), cores, busy, "OMP_NUM_THREADS")
+    busy = busy if busy is not None else busy_cores()
+    taken = 0 if busy is None else math.floor(busy + BUSY_MARGIN)  # 0.5 of a core takes it
+    threads = max(1, cores - taken)
+    if threads < cores:
+        return ThreadChoice(threads, cores, busy, "other work running")
+    return ThreadChoice(cores, cores, busy, "idle machine, every core")
 
 
 _CHOSEN: ThreadChoice | None = None

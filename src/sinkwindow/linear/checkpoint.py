@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from ..attributes import MODEL_NAME_ATTR
 from ..patch import text_config
 from ..spec import MethodSpec, parse_spec
 from .attention import LinearVariant
@@ -69,7 +70,9 @@ def model_signature(model: PreTrainedModel) -> dict:
         "num_key_value_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
         "head_dim": head_dim,
         "vocab_size": cfg.vocab_size,
-        "name_or_path": str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")),
+        # A packaged model records its registry name: its paths belong to one machine.
+        "name_or_path": getattr(model, MODEL_NAME_ATTR, None)
+        or str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")),
     }
 
 
@@ -148,10 +151,17 @@ def _check_signature(model: PreTrainedModel, meta: dict, path: Path) -> None:
     if bad:
         diffs = ", ".join(f"{k}: checkpoint {want[k]} vs model {have.get(k)}" for k in bad)
         raise ValueError(f"{path} was trained on a different model ({diffs})")
-    if want.get("name_or_path") and have["name_or_path"] and want["name_or_path"] != have["name_or_path"]:
-        logger.warning(
-            "%s was trained on %s, loading into %s", path, want["name_or_path"], have["name_or_path"]
-        )
+    trained_on, loading_into = want.get("name_or_path"), have["name_or_path"]
+    if trained_on and loading_into and _identity(trained_on) != _identity(loading_into):
+        logger.warning("%s was trained on %s, loading into %s", path, trained_on, loading_into)
+
+
+def _identity(name_or_path: str) -> str:
+    """A packaged model's registry name whatever path it was loaded from (site-packages, the
+    conversion cache: paths that differ between machines); anything else as given."""
+    from ..models import packaged_name
+
+    return packaged_name(name_or_path) or name_or_path
 
 
 def load_checkpoint(model: PreTrainedModel, path: str | os.PathLike, strict: bool = True) -> dict:

@@ -299,7 +299,13 @@ def greedy_select(
             tried = {u: float(nll_of([*chosen, u])) for u in rest}
         best = min(rest, key=lambda u: (tried[u], rest.index(u)))  # ties: the earlier candidate
         chosen.append(best)
-        steps.append({"added": unit_label(best), "nll": tried[best], "tried": {unit_label(u): v for u, v in tried.items()}})
+        steps.append(
+            {
+                "added": unit_label(best),
+                "nll": tried[best],
+                "tried": {unit_label(u): v for u, v in tried.items()},
+            }
+        )
     return chosen, steps
 
 

@@ -3,7 +3,7 @@
     python benchmarks/short_tasks.py --out runs/short-tasks                      # full splits
     python benchmarks/short_tasks.py --limit 500 --limit mmlu=9 --out runs/short # >= 500 items per task
 
-Reads the local copies in ``../shared/data/short`` (or ``--data-dir``), evaluates every
+Reads local copies of the six tasks from ``--data-dir`` (the files docs/data.md lists), evaluates every
 (task, method) pair once on one loaded model (methods are switched with ``sinkwindow.apply``),
 appends rows to ``OUT/results.jsonl`` (a rerun resumes), writes ``OUT/short_tasks.md`` and
 prints the table; the last stdout line is one JSON object with the numbers.
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("lm_eval", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not short_data_available(args.data_dir):
-        print(f"short-task data not found in {args.data_dir} (see ../shared/data/README.md)", file=sys.stderr)
+        print(f"short-task data not found in {args.data_dir} (docs/data.md lists the files it needs)", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

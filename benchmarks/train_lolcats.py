@@ -1,7 +1,7 @@
 """Train a LoLCATs baseline on CPU and evaluate it beside SWA(w, s) and full attention.
 
     python benchmarks/train_lolcats.py --out runs/lolcats64-smollm2 \\
-        --data ../shared/data/alpaca/alpaca_cleaned_partial_20230323.jsonl \\
+        --data "$ALPACA" \\
         --transfer-tokens 64k --finetune-tokens 64k --threads 1
 
 Both phases resume: rerunning the command continues training where it stopped (or skips it when

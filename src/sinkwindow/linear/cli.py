@@ -1,7 +1,7 @@
 """``sinkwindow train``: convert a model to a linear-attention baseline and train it in two stages.
 
     sinkwindow train --model smollm2-135m --method lolcats:64 --tokens 1M --out runs/lolcats64
-    sinkwindow train ... --data ../shared/data/alpaca/alpaca_cleaned_partial_20230323.jsonl
+    sinkwindow train ... --data alpaca_cleaned.jsonl   # instruction/input/output rows
     sinkwindow train ... --max-minutes 60      # stop resumably; rerun the same command to continue
 
 The trained baseline is then a method like any other:

@@ -37,7 +37,7 @@ def cli_evaluate(argv: Sequence[str] | None = None) -> int:
     takes ``--data-dir DIR`` (exported as ``$SINKWINDOW_SHORT_DATA`` for those configs)::
 
         sinkwindow-lm-eval --model sinkwindow --model_args pretrained=smollm2-135m,method=swa:64:4 \\
-            --tasks arc_easy_local,piqa_local --data-dir ../shared/data/short --limit 50 --device cpu
+            --tasks arc_easy_local,piqa_local --data-dir $SHORT --limit 50 --device cpu
 
     User errors (a missing ``--data-dir``, lm-eval not installed, a bad value) print one line and
     give exit code 2; ``--debug`` (ours, not passed on) shows the traceback instead.
@@ -216,7 +216,7 @@ def register_lmeval_subcommand(eval_subparsers: argparse._SubParsersAction) -> a
         "--data-dir",
         type=cli_args.existing_dir("--data-dir"),
         default=None,
-        help="folder with local JSONL in the hub schemas (e.g. ../shared/data/short); default: stock tasks from the hub",
+        help="folder with the six tasks as local files in the hub schemas (arc_easy_test.jsonl, piqa_validation.jsonl, ...; docs/data.md lists them); default: stock tasks from the hub",
     )
     p.add_argument(
         "--limit",

@@ -204,7 +204,7 @@ def run_lmeval(
         methods: method specs; put ``full`` in to get recovery rates.
         tasks: stock names (``SHORT_TASKS``, ``mmlu_<subject>``); lm-eval task names work too;
             ``None``: all six.
-        data_dir: folder of local files (``../shared/data/short`` layout) -> offline ``*_local``
+        data_dir: folder of local files (the layout docs/data.md gives) -> offline ``*_local``
             tasks; ``None``: stock tasks from the hub.
         limit: items per task (per MMLU subject, as lm-eval counts), a fraction, or
             ``{task: limit}`` (key ``"*"`` for the rest); ``None``: full splits.

@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("lm_eval", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not short_data_available(args.data_dir):
-        print(f"short-task data not found in {args.data_dir} (docs/data.md lists the files it needs)", file=sys.stderr)
+        print(
+            f"short-task data not found in {args.data_dir} (docs/data.md lists the files it needs)",
+            file=sys.stderr,
+        )
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

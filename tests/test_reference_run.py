@@ -117,3 +117,14 @@ def test_config_versions_name_the_source_commit():
     commit = source_commit()
     assert commit is not None and commit.split("+")[0] == head.stdout.strip()
     assert library_versions()["sinkwindow-commit"] == commit
+
+
+def test_report_command_takes_none_and_a_folder(reference, tmp_path):
+    from sinkwindow.cli import main
+
+    folder, _ = reference
+    quick = write_run(tmp_path / "quick", niah("full", 1024, [1, 0]) + niah("swa:256:4", 1024, [0, 0]))
+    assert main(["report", str(quick), "--reference-run", "none"]) == 0
+    assert "Reference run" not in (quick / "report.md").read_text()
+    assert main(["report", str(quick), "--reference-run", str(folder)]) == 0
+    assert "## Reference run: 2026-12-02-smollm2-long" in (quick / "report.md").read_text()

@@ -417,7 +417,8 @@ def _reference_run(args: argparse.Namespace, model: str) -> Path | None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    path = write_report(args.run_dir, reference_run=getattr(args, "reference_run", None))
+    reference = getattr(args, "reference_run", None)
+    path = write_report(args.run_dir, reference_run=None if reference == "none" else reference)
     print(path)
     print(json.dumps({"run_dir": str(args.run_dir), "report": str(path)}))
     return 0

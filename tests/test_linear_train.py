@@ -392,6 +392,24 @@ def test_cli_train_then_sinkwindow_load(tmp_path, tiny_folder, alpaca_file, caps
         sinkwindow.load(str(tiny_folder), method="linear")
 
 
+def test_cli_train_records_its_device_and_refuses_one_it_lacks(tmp_path, tiny_folder, alpaca_file, capsys):
+    from sinkwindow.cli import main
+
+    out = tmp_path / "run"
+    assert main(_train_argv(tiny_folder, alpaca_file, f"lolcats:{W}", 48, out) + ["--device", "auto"]) == 0
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert json.loads((out / "config.json").read_text())["device"] == want
+    if not torch.cuda.is_available():
+        capsys.readouterr()
+        argv = _train_argv(tiny_folder, alpaca_file, f"lolcats:{W}", 48, tmp_path / "gpu") + [
+            "--device",
+            "cuda",
+        ]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "CUDA is not available" in err[0] and not (tmp_path / "gpu").exists()
+
+
 def test_recipes_by_spec():
     from sinkwindow.linear.trainer import recipe_for
 

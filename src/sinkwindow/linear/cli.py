@@ -73,7 +73,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if transfer + finetune == 0:
         raise ValueError("nothing to train: give --tokens, --transfer-tokens or --finetune-tokens above 0")
     out = args.out or f"runs/{args.model.replace('/', '_')}-{str(spec).replace(':', '')}"
-    model, tok = sinkwindow.load(args.model, dtype=torch.float32)
+    device = cli_args.resolve_device(args.device)  # the trainer follows the model's device
+    model, tok = sinkwindow.load(args.model, dtype=torch.float32, device=device)
     logging.getLogger(__name__).info("training %s: %d + %d tokens into %s", spec, transfer, finetune, out)
     summary = train_baseline(
         model,
@@ -231,6 +232,7 @@ def register(subparsers) -> None:
         help="stop resumably after this many minutes",
     )
     cli_args.add_no_resume(p, "--restart", help="ignore an existing run in --out and start over")
+    cli_args.add_device(p)
     cli_args.add_threads(p)
     cli_args.add_no_progress(p)
     p.set_defaults(func=_cmd_train)

@@ -229,7 +229,9 @@ def run_stage(
     step, wall_prev, best_val, best_step, first_val, train_loss = 0, 0.0, math.inf, None, None, None
     if resume and state_path.exists():
         load_checkpoint(model, out / "last.safetensors")
-        st = torch.load(state_path, weights_only=False)
+        # On the CPU first: a run may resume on another device than it was saved from (a GPU run
+        # continued on a CPU box); the optimiser moves its state to the parameters' device.
+        st = torch.load(state_path, weights_only=False, map_location="cpu")
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         step, wall_prev = st["step"], st["wall_s"]
@@ -467,6 +469,7 @@ def train_baseline(
         "stages": list(recipe.stages),
         "convert_options": convert_options,
         "threads": torch.get_num_threads(),
+        "device": next(model.parameters()).device.type,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     if not is_converted(model):

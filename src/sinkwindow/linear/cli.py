@@ -57,7 +57,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     single_stage = recipe_for(str(spec)).stages == ("finetune",)
     if args.paper_budget:
-        transfer, finetune = PAPER_TOKENS, PAPER_TOKENS
+        transfer, finetune = (0 if single_stage else PAPER_TOKENS), PAPER_TOKENS
     elif single_stage:
         # Liger has no attention transfer: the whole budget goes to its one LoRA stage.
         transfer = 0

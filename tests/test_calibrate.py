@@ -187,6 +187,27 @@ def test_mass_on_native_sliding_layers_uses_absolute_positions(pair, prompts):
     assert bool((got[(32, 4)][0] > 0).all())  # the local layer has mass inside its native window
 
 
+@pytest.mark.parametrize(
+    "chosen,warned",
+    [([1], None), ([0], "layer 0 kept full is a native sliding layer (trained on a 80-token window)"),
+     ([(0, 1), 1, 2], "layers 0, 2 kept full are native sliding layers"), ([(1, 0)], None)],
+)  # fmt: skip
+def test_keeping_a_native_local_layer_full_is_warned_about(chosen, warned):
+    from transformers import Gemma3TextConfig, LlamaConfig
+
+    from sinkwindow.tuning.calibrate import native_local_warnings
+
+    cfg = Gemma3TextConfig(
+        num_hidden_layers=3, sliding_window=80,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    )  # fmt: skip
+    got = native_local_warnings(cfg, chosen, 2048)
+    assert (got == []) if warned is None else (len(got) == 1 and got[0].startswith(warned))
+    assert "2048-token calibration" in "".join(got) or warned is None
+    # A model without native sliding layers has nothing to warn about.
+    assert native_local_warnings(LlamaConfig(num_hidden_layers=3), [0, 1, 2], 2048) == []
+
+
 def test_mass_of_a_uniform_layer_is_the_share_of_dropped_keys(prompts):
     """Planted: layer 1 with zero queries attends uniformly, so its mass is (keys dropped) / (keys seen)."""
     model, _ = eval_pair()

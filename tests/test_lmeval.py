@@ -793,3 +793,32 @@ def test_limit_parser_mixes_a_default_with_per_task_limits():
     assert limits == {"*": 100, "mmlu": 2}
     assert runner._limit_for(limits, "mmlu") == 2 and runner._limit_for(limits, "piqa") == 100
     assert runner._limit_for(parse("arc_easy=3"), "piqa") is None
+
+
+def test_compare_refuses_a_short_folder_it_cannot_resume_before_the_long_part(
+    fixtures, tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    """compare runs the short tasks after hours of long-context cells: a mismatch in OUT/short is
+    named up front, before any cell runs."""
+    import sinkwindow.eval.cli as eval_cli
+    from sinkwindow.cli import main
+
+    out = tmp_path / "cmp"
+    lmeval.run_lmeval(
+        str(tiny_model_dir), ["full"], ["piqa"], data_dir=fixtures, limit=2, out_dir=out / "short"
+    )
+
+    def long_part(*args, **kwargs):
+        raise AssertionError("the long-context part ran before the short folder was checked")
+
+    monkeypatch.setattr(eval_cli, "_run_scheduled", long_part)
+    argv = ["compare", "--model", str(tiny_model_dir), "--methods", "full", "--samples", "1",
+            "--short-data", str(fixtures), "--out", str(out)]  # fmt: skip
+    capsys.readouterr()
+    assert main([*argv, "--short-limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "limit[piqa] 2 → 3" in err and "--new-run" in err
+    assert not (out / "results.jsonl").exists()
+    # The same settings pass the check and reach the long part.
+    with pytest.raises(AssertionError, match="long-context part ran"):
+        main([*argv, "--short-limit", "2"])

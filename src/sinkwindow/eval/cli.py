@@ -338,6 +338,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             {"device_map": cfg.device_map} if cfg.device_map is not None else {"device": cfg.device or "cpu"}
         )
         model_tok = load(cfg.model, dtype=getattr(torch, cfg.dtype or "float32"), **placement)
+    if args.short_data and not args.new_run:
+        # The short tasks run after the long part: a folder they cannot resume must be refused now,
+        # not hours later.
+        _short_tasks(args, cfg, model_tok, out, check_only=True)
     store = _run_scheduled(cfg, out, args, model_tok)
     extra = []
     if args.short_data:
@@ -359,9 +363,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _short_tasks(args, cfg, model_tok, out: Path) -> list[str]:
+def _short_tasks(args, cfg, model_tok, out: Path, *, check_only: bool = False) -> list[str]:
     """Run the six short tasks through lm-eval into ``OUT/short`` (its own results store, fingerprint
-    and lock) when their data is given; return report sections."""
+    and lock) when their data is given; return report sections. ``check_only``: only check that
+    ``OUT/short`` can resume with these settings (raises like the run would)."""
     import importlib.util
 
     from .lmeval import recovery_table, run_lmeval
@@ -379,7 +384,10 @@ def _short_tasks(args, cfg, model_tok, out: Path) -> list[str]:
         model_and_tokenizer=model_tok,
         checkpoints=cfg.checkpoints,
         new_run=args.new_run,  # run_eval moved OUT/short aside already; this keeps the two in step
+        check_only=check_only,
     )
+    if check_only:
+        return []
     md, _ = recovery_table(rows)
     return [f"## Short tasks (lm-evaluation-harness, limit {args.short_limit or 'none'})", "", md, ""]
 

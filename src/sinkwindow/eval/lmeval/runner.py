@@ -185,6 +185,7 @@ def run_lmeval(
     bootstrap_iters: int = 1000,
     resume: bool = True,
     new_run: bool = False,
+    check_only: bool = False,
     model_and_tokenizer: tuple[Any, Any] | None = None,
 ) -> list[dict]:
     """Evaluate every (task, method) pair with lm-eval; one row each, appended to ``OUT/results.jsonl``.
@@ -221,6 +222,8 @@ def run_lmeval(
             table uses the latest). The settings are checked all the same.
         new_run: move the folder's rows, config, fingerprint and reports to ``previous-<time>/``
             first, and start over in place.
+        check_only: stop after checking that ``out_dir`` can resume with these settings
+            (raising like a real run would), before anything loads or runs; returns ``[]``.
         model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading ``model_name``.
 
     Returns:
@@ -310,6 +313,8 @@ def run_lmeval(
     out = check_run_dir(out_dir)
     if not new_run:
         check_resume(out, settings)  # refuse before spending the model load
+    if check_only:
+        return []
     config = {
         "kind": "lm-eval",
         "model": model_name,

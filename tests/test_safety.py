@@ -112,6 +112,18 @@ def test_nested_blocks_restore_the_outer_spec():
     assert type(model).__name__ == "LlamaForCausalLM" and model.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.parametrize("outer,inner", [("flex", None), ("eager", "sdpa"), ("flex", "eager")])
+def test_nested_blocks_restore_the_outer_attention_implementation(outer, inner):
+    model = tiny_model("llama")
+    with sinkwindow.apply(model, SPEC, attn_implementation=outer):
+        ran = model.config._attn_implementation
+        assert outer in ran
+        with sinkwindow.apply(model, "swa:16:4", attn_implementation=inner):
+            pass
+        assert model.config._attn_implementation == ran and str(sinkwindow.active_spec(model)) == SPEC
+    assert model.config._attn_implementation == "sdpa"
+
+
 @torch.no_grad()
 def test_empty_prompts_are_refused():
     model = sinkwindow.apply(tiny_model("llama"), SPEC)

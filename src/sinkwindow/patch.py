@@ -361,8 +361,8 @@ class _SinkWindowContext:
         if previous is None:
             apply(self, "full")
         else:
-            spec, native_sliding = previous
-            _apply(self, spec, native_sliding=native_sliding, attn_implementation=None, push=False)
+            spec, native_sliding, implementation = previous
+            _apply(self, spec, native_sliding=native_sliding, attn_implementation=implementation, push=False)
 
 
 _CONTEXT_CLASSES: dict[type, type] = {}
@@ -466,7 +466,8 @@ def _apply(
         setattr(model, _STATE_ATTR, state)
         previous = None
     else:
-        previous = (state["spec"], state["native_sliding"])
+        # The implementation too: an outer block that ran on flex returns to flex.
+        previous = (state["spec"], state["native_sliding"], model.config._attn_implementation)
     if push:
         state["stack"].append(previous)
 

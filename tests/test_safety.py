@@ -149,3 +149,35 @@ def test_prompt_plus_new_tokens_past_the_position_limit_is_refused():
     sinkwindow.apply(model, f"{SPEC}:cache")
     out = sinkwindow.generate(model, _ids(limit - 2), max_new_tokens=5)
     assert out.shape[1] == limit + 3
+
+
+@pytest.mark.parametrize(
+    "family,spec,policy,warned",
+    [
+        ("gemma3_text", "swa:8:2", "override", 12),  # local layers trained on 12: shrunk to 8
+        ("gemma3_text", "swa:8:2+full:1", "override", 12),
+        ("gemma3_text", "swa:8:2", "keep", None),  # local layers keep their own window
+        ("gemma3_text", "swa:12:2", "override", None),  # not shorter than the native window
+        ("gemma2", "swa:8:2", "override", 12),
+        ("mistral", "swa:8:2", "override", None),  # every layer sliding: SWA replaces one window
+        ("llama", "swa:8:2", "override", None),
+    ],
+)
+def test_shrinking_native_local_windows_is_warned_about_once(
+    family, spec, policy, warned, caplog, monkeypatch
+):
+    from sinkwindow import patch
+
+    monkeypatch.setattr(patch, "_SHRINK_WARNED", set())
+    model = tiny_model(family)
+    assert patch.shrunk_local_windows(model, sinkwindow.parse_spec(spec), policy) == warned
+    with caplog.at_level("WARNING", logger="sinkwindow.patch"):
+        sinkwindow.apply(model, spec, native_sliding=policy)
+        sinkwindow.apply(model, "full")
+        sinkwindow.apply(model, spec, native_sliding=policy)
+    lines = [r for r in caplog.records if "native local layers" in r.getMessage()]
+    assert len(lines) == (1 if warned else 0)
+    if warned:
+        assert (
+            f"trained on {warned}-token windows" in lines[0].getMessage() and "keep" in lines[0].getMessage()
+        )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "spec": args.spec,
         "context": args.context,
         "threads": args.threads,
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": torch.get_num_threads()},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "torch": torch.__version__,
         "bandwidth": bw,
         "weight_bytes": weights,

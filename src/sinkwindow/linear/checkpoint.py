@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..attributes import MODEL_NAME_ATTR
+from ..models import packaged_name
 from ..patch import text_config
 from ..spec import MethodSpec, parse_spec
 from .attention import LinearVariant
@@ -159,8 +160,6 @@ def _check_signature(model: PreTrainedModel, meta: dict, path: Path) -> None:
 def _identity(name_or_path: str) -> str:
     """A packaged model's registry name whatever path it was loaded from (site-packages, the
     conversion cache: paths that differ between machines); anything else as given."""
-    from ..models import packaged_name
-
     return packaged_name(name_or_path) or name_or_path
 
 

@@ -102,8 +102,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for i, step in enumerate(result.steps, start=1):
         print(f"greedy step {i}: +{step['added']}  answer NLL {step['nll']:.4f} (base {result.nll_base:.4f})")
     print(f"spec: {result.spec}  ({result.seconds:.1f}s; {paths['json']})")
-    for w in result.warnings:  # after the table, where a reader of the spec looks
-        print(f"warning: {w}")
     print(
         json.dumps(
             {

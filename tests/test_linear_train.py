@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import types
 
 import pytest
@@ -316,6 +318,88 @@ def test_run_stage_resumes_to_the_same_result(tmp_path, alpaca_file):
     assert resumed.best_val == pytest.approx(whole.best_val, rel=1e-6)
     log = [json.loads(line) for line in (tmp_path / "split" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
+
+
+def _stage_run(tmp_path, alpaca_file, **cfg_overrides):
+    """A 4-step stage-1 run on the tiny model, and a way to run it with a step function of one's own."""
+    data = load_training_data(
+        CharTokenizer(), alpaca_file, seq_len=32, max_train_tokens=600, val_rows=200, val_chunks=2
+    )
+    kwargs = dict(tokens=4 * 2 * 32, grad_accum=2, eval_every=2, save_every=1, val_batches=2)
+    cfg = StageConfig("transfer", lr=1e-2, **{**kwargs, **cfg_overrides})
+
+    def run(folder, step_fn=transfer_step):
+        model = convert(tiny_model("llama"), f"lolcats:{W}")
+        return run_stage(
+            model, prepare_transfer(model), step_fn, data, cfg, tmp_path / folder, progress=False
+        )
+
+    return run
+
+
+def _log_steps(folder) -> list[int]:
+    rows = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if "train_loss" in r]
+
+
+def _failing_after(calls_allowed: int, fail):
+    calls = {"n": 0}
+
+    def step_fn(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > calls_allowed:
+            fail()
+        return transfer_step(*args, **kwargs)
+
+    return step_fn
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
+def test_a_resumed_run_drops_the_log_rows_of_unsaved_steps(tmp_path, alpaca_file):
+    # Saves only every 2 steps and never by time: a kill inside step 4 leaves step 3 logged, unsaved.
+    run = _stage_run(tmp_path, alpaca_file, save_every=2, eval_every=10, save_minutes=None)
+    whole = run("whole")
+    with pytest.raises(KeyboardInterrupt):
+        run("split", _failing_after(2 + 3 * 2, _interrupt))  # eval at step 0 (2 calls), steps 1-3
+    assert _log_steps(tmp_path / "split") == [1, 2, 3]
+    assert torch.load(tmp_path / "split" / "trainer.pt", weights_only=False)["step"] == 2
+    resumed = run("split")
+    assert _log_steps(tmp_path / "split") == [1, 2, 3, 4]  # step 3 once, from the resumed run
+    assert resumed.best_val == pytest.approx(whole.best_val, rel=1e-6)
+
+
+def test_every_evaluation_saves_so_the_best_checkpoint_never_runs_ahead(tmp_path, alpaca_file):
+    run = _stage_run(tmp_path, alpaca_file, save_every=100, eval_every=2, save_minutes=None)
+    with pytest.raises(KeyboardInterrupt):
+        run("split", _failing_after(2 + 2 * 2 + 2, _interrupt))  # eval 0, steps 1-2, eval 2, stop in 3
+    state = torch.load(tmp_path / "split" / "trainer.pt", weights_only=False)
+    assert state["step"] == 2 and state["best_step"] == 2
+
+
+def test_save_minutes_saves_by_wall_time_between_save_every(tmp_path, alpaca_file):
+    run = _stage_run(tmp_path, alpaca_file, save_every=100, eval_every=100, save_minutes=0.0)
+    with pytest.raises(KeyboardInterrupt):
+        run("split", _failing_after(2 + 3 * 2, _interrupt))
+    assert torch.load(tmp_path / "split" / "trainer.pt", weights_only=False)["step"] == 3
+
+
+def test_sigterm_stops_at_a_micro_batch_and_saves_the_last_finished_step(tmp_path, alpaca_file):
+    run = _stage_run(tmp_path, alpaca_file, save_every=100, eval_every=100, save_minutes=None)
+    whole = run("whole")
+
+    def terminate():
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered now; the handler only sets a flag
+
+    first = run("split", _failing_after(2 + 2 * 2 + 1, terminate))  # inside step 3's first micro-batch
+    assert not first.finished and first.steps == 2
+    assert torch.load(tmp_path / "split" / "trainer.pt", weights_only=False)["step"] == 2
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    resumed = run("split")
+    assert resumed.finished and _log_steps(tmp_path / "split") == [1, 2, 3, 4]
+    assert resumed.best_val == pytest.approx(whole.best_val, rel=1e-6)
 
 
 def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):

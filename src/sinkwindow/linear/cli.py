@@ -115,7 +115,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             f"use it: sinkwindow generate --model {args.model} --method {spec} --checkpoint {out} --prompt '...'"
         )
     else:
-        print(f"stopped after --max-minutes; rerun the same command to resume from {out}")
+        print(
+            f"stopped (--max-minutes or a signal) with the last finished step saved; rerun the same command to resume from {out}"
+        )
     print(json.dumps(summary))
     return 0
 

@@ -14,8 +14,14 @@ feature maps to transfer and runs a single LoRA stage on q/k/v (alpha 8, lr 1e-3
     <stage>/last.safetensors    retrofit tensors after the latest saved step
     <stage>/trainer.pt          optimiser, scheduler, step, best loss, wall time, RNG
     <stage>/best.safetensors    best validation loss so far
-    <stage>/log.jsonl           one row per evaluation and per saved step
+    <stage>/log.jsonl           one row per evaluation and per step (rows past the saved step are
+                                dropped on resume, so a killed run never logs a step twice)
     <stage>/done.json           written when the budget is spent; a resumed run then skips the stage
+
+A session's processes end with it, so a stage saves every ``save_every`` steps, every
+``save_minutes`` of wall time and after every evaluation (``best.safetensors`` never runs ahead of
+``trainer.pt``), and SIGTERM or a first Ctrl-C stops it at the next micro-batch with the last
+finished step saved.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -102,6 +110,8 @@ class StageConfig:
         grad_accum, batch_size: micro-batches per optimiser step and rows per micro-batch.
         eval_every: optimiser steps between evaluations (the plateau scheduler steps there).
         save_every: optimiser steps between resumable saves.
+        save_minutes: also save once this many minutes of wall time passed since the last save
+            (a slow step, as on a CPU, would otherwise put ``save_every`` steps at risk).
         val_batches: validation micro-batches per evaluation.
         max_grad_norm: gradient clipping.
         patience, lr_factor, min_lr: ``ReduceLROnPlateau``.
@@ -115,6 +125,7 @@ class StageConfig:
     batch_size: int = 1
     eval_every: int = 100
     save_every: int = 10
+    save_minutes: float | None = 10.0
     val_batches: int = 8
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
@@ -170,6 +181,64 @@ def _evaluate(model: PreTrainedModel, step_fn: StepFn, data: PackedData, cfg: St
 def _log(path: Path, row: dict) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def _trim_log(path: Path, step: int) -> int:
+    """Drop the rows ``path`` logged after ``step`` (the saved step a run resumes from); returns how many.
+
+    A run killed between saves has logged steps it will now train again; kept, they would appear
+    twice in the loss curve. A torn last line (killed mid-write) goes too.
+    """
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if row.get("step", 0) <= step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
+
+
+class _StopRequest:
+    """SIGTERM or a first SIGINT asks the loop to stop and save; a second SIGINT interrupts at once.
+
+    Handlers can only be set from the main thread; elsewhere (a Ray task, a test thread) this does
+    nothing and the periodic saves are what a kill can lose.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+        print(
+            f"{signal.Signals(signum).name}: stopping at the next micro-batch and saving the last finished step",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def run_stage(
@@ -235,6 +304,8 @@ def run_stage(
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         step, wall_prev = st["step"], st["wall_s"]
+        if dropped := _trim_log(out / "log.jsonl", step):
+            logger.info("dropped %d log rows written after the saved step %d", dropped, step)
         best_val, best_step, first_val, train_loss = (
             st["best_val"],
             st["best_step"],
@@ -253,7 +324,11 @@ def run_stage(
     def wall() -> float:
         return wall_prev + time.perf_counter() - t0
 
+    last_save = time.perf_counter()
+
     def save_state() -> None:
+        nonlocal last_save
+        last_save = time.perf_counter()
         save_checkpoint(model, out / "last.safetensors", **meta, step=step, tokens=step * tokens_per_step)
         state = {
             "optimizer": opt.state_dict(),
@@ -314,46 +389,61 @@ def run_stage(
     )
     finished = True
     session_start = time.perf_counter()
-    while step < steps_total:
-        if cfg.max_minutes is not None and time.perf_counter() - session_start > 60 * cfg.max_minutes:
-            finished = False
-            break
-        model.train()
-        ts = time.perf_counter()
-        loss = 0.0
-        for micro in range(cfg.grad_accum):
-            x, y = _batch(data.train_ids, data.train_labels, step * cfg.grad_accum + micro, cfg.batch_size)
-            loss += (
-                step_fn(model, x.to(device), y.to(device), scale=1.0 / cfg.grad_accum)["loss"]
-                / cfg.grad_accum
+    with _StopRequest() as stop:
+        while step < steps_total:
+            if cfg.max_minutes is not None and time.perf_counter() - session_start > 60 * cfg.max_minutes:
+                finished = False
+                break
+            model.train()
+            ts = time.perf_counter()
+            rng = torch.get_rng_state()
+            loss = 0.0
+            for micro in range(cfg.grad_accum):
+                if stop.signal is not None:
+                    break
+                x, y = _batch(
+                    data.train_ids, data.train_labels, step * cfg.grad_accum + micro, cfg.batch_size
+                )
+                loss += (
+                    step_fn(model, x.to(device), y.to(device), scale=1.0 / cfg.grad_accum)["loss"]
+                    / cfg.grad_accum
+                )
+            if stop.signal is not None:
+                # The parameters are still those of ``step``: drop the partial gradients and the
+                # random draws of the unfinished step, then save below as an unfinished stage.
+                opt.zero_grad(set_to_none=True)
+                torch.set_rng_state(rng)
+                finished = False
+                break
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            train_loss = loss
+            tok_s = tokens_per_step / (time.perf_counter() - ts)
+            _log(
+                out / "log.jsonl",
+                {
+                    "step": step,
+                    "tokens": step * tokens_per_step,
+                    "train_loss": loss,
+                    "tok_s": round(tok_s, 1),
+                    "wall_s": round(wall(), 1),
+                },
             )
-        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        train_loss = loss
-        tok_s = tokens_per_step / (time.perf_counter() - ts)
-        _log(
-            out / "log.jsonl",
-            {
-                "step": step,
-                "tokens": step * tokens_per_step,
-                "train_loss": loss,
-                "tok_s": round(tok_s, 1),
-                "wall_s": round(wall(), 1),
-            },
-        )
-        if step % cfg.eval_every == 0 or step == steps_total:
-            evaluate()
-        bar.update(1)
-        bar.set_postfix(
-            loss=f"{loss:.4g}",
-            best_val=f"{best_val:.4g}",
-            lr=f"{opt.param_groups[0]['lr']:.1e}",
-            tok_s=f"{tok_s:.0f}",
-        )
-        if step % cfg.save_every == 0 or step == steps_total:
-            save_state()
+            evaluated = step % cfg.eval_every == 0 or step == steps_total
+            if evaluated:
+                evaluate()
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{loss:.4g}",
+                best_val=f"{best_val:.4g}",
+                lr=f"{opt.param_groups[0]['lr']:.1e}",
+                tok_s=f"{tok_s:.0f}",
+            )
+            overdue = cfg.save_minutes is not None and time.perf_counter() - last_save > 60 * cfg.save_minutes
+            if evaluated or overdue or step % cfg.save_every == 0 or step == steps_total:
+                save_state()
     bar.close()
     if not finished:
         save_state()

@@ -348,6 +348,19 @@ def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_pat
         r = by[("mmlu", method)]
         assert math.isclose(r["value"], sum(r["subgroups"][f"mmlu_{c}"] * k for c, k in sizes.items()) / 57)
     assert (out / "short_tasks.md").exists() and "Avg. recovery" in (out / "short_tasks.md").read_text()
+    # Per-item scores (for the table's paired intervals): one per item, averaging to the row's metrics.
+    for r in by.values():
+        ids, scores = r["items"]["ids"], r["items"]["scores"]
+        assert len(ids) == len(set(ids)) == r["n"] and set(scores) == set(r["metrics"])
+        for metric, values in scores.items():
+            assert set(values) <= {0, 1} and math.isclose(sum(values) / len(values), r["metrics"][metric])
+    assert by[("piqa", "full")]["items"]["ids"] == by[("piqa", "swa:8:2")]["items"]["ids"]
+    assert all(
+        r["average_ci"] is not None
+        for r in json.loads((out / "short_tasks.json").read_text())["models"][str(tiny_model_dir)][
+            "methods"
+        ].values()
+    )
     # The results store's files: every row carries the fingerprint of its part of the settings.
     recorded = json.loads((out / "fingerprint.json").read_text())["settings"]
     assert recorded["limit[piqa]"] == 4 and recorded["num_fewshot[mmlu]"] == 5
@@ -740,6 +753,65 @@ def test_recovery_table_metric_choice_missing_tasks_and_mismatched_items():
     assert "(1 tasks)" in md
     assert lmeval.report_section([]) is None
     assert lmeval.report_section(rows).startswith("## Short-context tasks")
+
+
+def _item_rows(task, method, correct, n=100, ids=None, **extra):
+    """A row whose per-item scores are 1 on the items in ``correct`` (indices) and 0 elsewhere."""
+    ids = ids or [f"{task}:{i}" for i in range(n)]
+    scores = [1 if i in correct else 0 for i in range(len(ids))]
+    row = _row(task, method, sum(scores) / len(ids), n=len(ids), **extra)
+    metric = row["metric"]
+    row["metrics"] = {metric: row["value"]}
+    row["items"] = {"ids": ids, "scores": {metric: scores}}
+    return row
+
+
+def test_recovery_table_intervals_from_per_item_scores():
+    from sinkwindow.eval.stats import bootstrap_mean_interval, paired_bootstrap_ratio, wilson_interval
+
+    full_right = set(range(60))  # 60 of 100
+    rows = [_item_rows("piqa", "full", full_right), _item_rows("arc_easy", "full", full_right)]
+    rows += [
+        _item_rows("piqa", "swa:64:4", set(range(30))),
+        _item_rows("arc_easy", "swa:64:4", set(range(30))),
+    ]
+    rows += [_item_rows("piqa", "swa:256:4", full_right), _item_rows("arc_easy", "swa:256:4", full_right)]
+    md, data = lmeval.recovery_table(rows)
+    m = data["models"]["m"]["methods"]
+    # Each task's score: the Wilson interval of 30/100, in percent.
+    w = wilson_interval(30, 100)
+    assert m["swa:64:4"]["scores_ci"]["piqa"] == pytest.approx([100 * w.lo, 100 * w.hi])
+    # Recovery 50 with a paired interval that excludes 100; the average's interval is the
+    # stratified bootstrap over both tasks' items.
+    assert math.isclose(m["swa:64:4"]["average_recovery"], 50.0)
+    lo, hi = m["swa:64:4"]["average_recovery_ci"]
+    assert lo < 50 < hi < 100
+    # Pairs are taken in item-id order (ARC-E before PIQA, as in the table): "x:10" sorts before "x:2".
+    order = sorted(range(100), key=str)
+    cells = [[1.0 if i < 30 else 0.0 for i in order]] * 2
+    ratio = paired_bootstrap_ratio(cells, [[1.0 if i < 60 else 0.0 for i in order]] * 2)
+    assert [lo, hi] == pytest.approx([100 * ratio.lo, 100 * ratio.hi])
+    avg = bootstrap_mean_interval([[1.0] * 30 + [0.0] * 70] * 2)  # each row's own item order
+    assert m["swa:64:4"]["average_ci"] == pytest.approx([100 * avg.lo, 100 * avg.hi])
+    # The same answers as full on the same items: a recovery of exactly 100 with no width.
+    assert m["swa:256:4"]["average_recovery_ci"] == pytest.approx([100.0, 100.0])
+    assert "| swa:64:4 | — | 30.0 (50.0) |" not in md  # no MMLU column without MMLU rows
+    assert "50.0 [" in md and "swa:64:4: average recovery is below 100 by more than its noise" in md
+    assert "swa:256:4: within the noise of full on every recovery" in md
+    assert "SWA(64, 4) (0 tokens) 93.2 / 99.0" in md
+
+
+def test_recovery_table_pairs_items_by_id_and_skips_rows_without_items():
+    ids_a = [f"piqa:{i}" for i in range(10)]
+    rows = [_item_rows("piqa", "full", set(range(10)), ids=ids_a)]
+    # The same items in another order, half of them right: pairing follows the ids, not positions.
+    rows += [_item_rows("piqa", "linear", {0, 1, 2, 3, 4}, ids=list(reversed(ids_a)))]
+    rows += [_row("arc_easy", "full", 0.5, n=10), _row("arc_easy", "linear", 0.25, n=10)]  # no items
+    md, data = lmeval.recovery_table(rows)
+    lin = data["models"]["m"]["methods"]["linear"]
+    assert lin["recovery_ci"]["piqa"] is not None and lin["recovery_ci"]["arc_easy"] is None
+    assert lin["average_recovery_ci"] is None and lin["average_ci"] is None  # one task lacks items
+    assert "Hedgehog (40M tokens) 36.9 / 73.9" in md
 
 
 # ---------------------------------------------------------------------------- the real model

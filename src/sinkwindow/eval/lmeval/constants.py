@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_FEWSHOT",
     "DEFAULT_MAX_BATCH_TOKENS",
     "PAPER_RECOVERY",
+    "PAPER_TABLE1",
     "family",
     "headline_metric",
     "default_fewshot",
@@ -52,6 +53,14 @@ DEFAULT_FEWSHOT = {"mmlu": 5}
 DEFAULT_MAX_BATCH_TOKENS = 4096
 # SWA(64, 4) in the paper, averaged over 11 base models.
 PAPER_RECOVERY = {"mmlu_recovery": 93.2, "average_recovery": 99.0}
+# The paper's Table 1 rows for the methods sinkwindow runs, by spec kind: (label, finetune tokens,
+# MMLU recovery, 6-task average recovery). Hedgehog is our ``linear``.
+PAPER_TABLE1 = {
+    "swa": ("SWA(64, 4)", "0", 93.2, 99.0),
+    "lolcats": ("LoLCATs", "40M", 83.2, 97.5),
+    "liger": ("Liger-GLA", "20M", 62.2, 92.0),
+    "linear": ("Hedgehog", "40M", 36.9, 73.9),
+}
 
 
 def family(task: str) -> str:

@@ -119,6 +119,32 @@ def _extract_row(res: dict, lm_task: str) -> dict:
     return out
 
 
+def _item_scores(samples: Mapping[str, list[dict]], metrics: Sequence[str]) -> dict | None:
+    """Per-item scores from ``simple_evaluate``'s logged samples, for paired intervals in the table.
+
+    Returns ``{"ids": ["<lm task>:<doc id>", ...], "scores": {metric: [0/1 per item]}}`` sorted by
+    id (one entry per MMLU question across its subject tasks), or ``None`` when nothing was logged.
+    The mean of ``scores[m]`` is the row's ``metrics[m]``: lm-eval's MMLU group weighs subjects by
+    their size, i.e. averages over questions.
+    """
+    items = []
+    for task_name, logged in samples.items():
+        for s in logged:
+            items.append((f"{task_name}:{s['doc_id']}", s))
+    if not items:
+        return None
+    items.sort(key=lambda kv: kv[0])
+
+    def compact(x) -> float | int:
+        x = float(x)
+        return int(x) if x.is_integer() else x
+
+    return {
+        "ids": [k for k, _ in items],
+        "scores": {m: [compact(s[m]) for _, s in items] for m in metrics if all(m in s for _, s in items)},
+    }
+
+
 def _evaluate(lm, tm, lm_task: str, shots: int, limit, bootstrap_iters: int, batch_size) -> dict:
     """One ``simple_evaluate`` call; the row's metric fields."""
     import lm_eval
@@ -135,10 +161,11 @@ def _evaluate(lm, tm, lm_task: str, shots: int, limit, bootstrap_iters: int, bat
         limit=limit,
         task_manager=tm,
         bootstrap_iters=bootstrap_iters,
-        log_samples=False,
+        log_samples=True,  # per-item scores: the table's paired intervals need them
         batch_size=batch_size,
     )
     extracted = _extract_row(res, lm_task)
+    items = _item_scores(res.get("samples") or {}, list(extracted["metrics"]))
     metric = headline_metric(canonical(lm_task))
     if metric not in extracted["metrics"]:
         metric = "acc"
@@ -147,6 +174,7 @@ def _evaluate(lm, tm, lm_task: str, shots: int, limit, bootstrap_iters: int, bat
         "value": extracted["metrics"].get(metric),
         "stderr": extracted["stderrs"].get(metric),
         **extracted,
+        **({"items": items} if items is not None else {}),
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -232,7 +260,8 @@ def run_lmeval(
             {"suite": "lm-eval", "model", "task", "method", "metric", "value", "stderr",
              "metrics": {"acc", "acc_norm"}, "stderrs": {...}, "n", "limit", "num_fewshot",
              "source": "local"|"hub", "lm_eval_task", "batch_size", "seconds", "time",
-             "lm_eval_version", "fingerprint", ["data": {split: path}], ["subgroups": {"mmlu_stem": ...}]}
+             "lm_eval_version", "fingerprint", ["data": {split: path}], ["subgroups": {"mmlu_stem": ...}],
+             "items": {"ids": [...], "scores": {"acc": [0/1 per item], ...}}}
 
         ``value`` is a fraction in [0, 1], as lm-eval reports it.
 

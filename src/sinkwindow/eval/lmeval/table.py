@@ -7,6 +7,11 @@ file and line). Pure bookkeeping: no lm-eval, no torch.
 
 Recovery is ``100 * method / full`` on the same metric and items. Metrics follow the field
 (Mamba, LoLCATs): ``acc_norm`` for ARC-Challenge and HellaSwag, ``acc`` for the rest.
+
+Rows that carry per-item scores (``items``, written since lm-eval runs log their samples) get 95%
+intervals (``eval.stats``): Wilson for each task's score, a bootstrap over items within each task
+for the average, and paired bootstraps over the same items (method and baseline resampled
+together) for every recovery. Older rows without items get none.
 """
 
 from __future__ import annotations
@@ -18,9 +23,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...spec import parse_spec
 from ..results import RESULTS_FILE, read_jsonl
+from ..stats import (
+    Interval,
+    bootstrap_mean_interval,
+    exceeds_noise,
+    paired_bootstrap_ratio,
+    wilson_interval,
+)
 from .constants import (
     PAPER_RECOVERY,
+    PAPER_TABLE1,
     SHORT_TASKS,
     SUITE,
     TABLE_FILE,
@@ -90,6 +104,62 @@ def _metric_value(row: Mapping, metric: str) -> float | None:
     return None if value is None else float(value)
 
 
+def _items(row: Mapping, metric: str) -> dict[str, float] | None:
+    """``{item id: score}`` of ``row`` on ``metric``, or ``None`` when the row has no per-item scores."""
+    items = row.get("items") or {}
+    scores = (items.get("scores") or {}).get(metric)
+    if not scores or len(scores) != len(items.get("ids") or ()):
+        return None
+    return dict(zip(items["ids"], (float(x) for x in scores)))
+
+
+def _paired(a: Mapping[str, float] | None, b: Mapping[str, float] | None) -> tuple[list, list] | None:
+    """Scores of the items both rows have, in one order; ``None`` when either has none."""
+    if not a or not b:
+        return None
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    return [a[i] for i in common], [b[i] for i in common]
+
+
+def _ci(interval: Interval | None, scale: float = 100.0) -> list[float] | None:
+    """``[lo, hi]`` in percent, or ``None`` for a missing or undefined interval."""
+    if interval is None or interval.lo != interval.lo or interval.hi != interval.hi:  # nan
+        return None
+    return [scale * interval.lo, scale * interval.hi]
+
+
+def _intervals(by_task: Mapping[str, Mapping], method: str, baseline: str, tasks: list[str], chosen) -> dict:
+    """95% intervals of one method's scores, average and recoveries (percent), where items allow."""
+    mine = {t: _items(by_task[t][method], chosen[t]) if method in by_task[t] else None for t in tasks}
+    base = {t: _items(by_task[t][baseline], chosen[t]) if baseline in by_task[t] else None for t in tasks}
+    scores_ci = {}
+    for t in tasks:
+        items = mine[t]
+        scores_ci[t] = _ci(wilson_interval(sum(items.values()), len(items))) if items else None
+    have = [t for t in tasks if mine[t]]
+    average_ci = None
+    if have and len(have) == len([t for t in tasks if method in by_task[t]]):
+        average_ci = _ci(bootstrap_mean_interval([list(mine[t].values()) for t in have]))
+    recovery_ci, pairs = {}, {}
+    for t in tasks:
+        pairs[t] = _paired(mine[t], base[t])
+        recovery_ci[t] = _ci(paired_bootstrap_ratio(*pairs[t])) if pairs[t] else None
+    both = [t for t in tasks if method in by_task[t] and baseline in by_task[t]]
+    average_recovery_ci = None
+    if both and all(pairs[t] for t in both):
+        ratio = paired_bootstrap_ratio([pairs[t][0] for t in both], [pairs[t][1] for t in both])
+        average_recovery_ci = _ci(ratio)
+    return {
+        "scores_ci": scores_ci,
+        "average_ci": average_ci,
+        "recovery_ci": recovery_ci,
+        "mmlu_recovery_ci": recovery_ci.get("mmlu"),
+        "average_recovery_ci": average_recovery_ci,
+    }
+
+
 def recovery_table(
     rows: Iterable[Mapping],
     baseline: str = "full",
@@ -106,7 +176,9 @@ def recovery_table(
     Returns:
         ``(markdown, data)``; ``data = {"baseline", "metrics", "paper", "models": {model: {"tasks",
         "n", "methods": {method: {"scores", "recovery", "average", "average_recovery",
-        "mean_task_recovery", "mmlu_recovery"}}}}}``. Missing values are ``None``.
+        "mean_task_recovery", "mmlu_recovery", "scores_ci", "average_ci", "recovery_ci",
+        "mmlu_recovery_ci", "average_recovery_ci"}}}}}``. Missing values are ``None``; an interval
+        is ``[lo, hi]`` in percent (95%), ``None`` where the rows carry no per-item scores.
     """
     chosen = {**{t: headline_metric(t) for t in SHORT_TASKS}, **(metrics or {})}
     picked = _pick_rows(rows, baseline)
@@ -159,6 +231,7 @@ def recovery_table(
                     [recovery[t] for t in both if recovery[t] is not None]
                 ),  # a 0 baseline has none
                 "mmlu_recovery": recovery.get("mmlu"),
+                **_intervals(by_task, m, baseline, tasks, chosen),
             }
         data["models"][model] = entry
         parts.append(_markdown(model, entry, chosen, baseline, len(picked) > 1))
@@ -167,10 +240,67 @@ def recovery_table(
     footer = (
         f"\nMetric: {', '.join(f'{TASK_LABELS[t]} {chosen[t]}' for t in SHORT_TASKS)}. "
         f"Cells: score % (recovery % = 100 × method ÷ {baseline}, same metric, same items). "
-        f"Avg. recovery = 100 × Avg.(method) ÷ Avg.({baseline}). Paper, SWA(64, 4) over 11 base models: "
-        f"MMLU recovery {PAPER_RECOVERY['mmlu_recovery']}, 6-task average recovery {PAPER_RECOVERY['average_recovery']}.\n"
+        f"Avg. recovery = 100 × Avg.(method) ÷ Avg.({baseline}). "
+        "[lo, hi]: 95% interval (Avg.: bootstrap over items within each task; recoveries: paired "
+        f"bootstrap, method and {baseline} resampled on the same items).\n" + _paper_lines(data)
     )
     return "\n".join(parts) + footer, data
+
+
+def _paper_lines(data: Mapping) -> str:
+    """The paper's Table 1 rows (MMLU and 6-task average recovery over 11 base models) for the
+    method kinds in the table, so our recoveries can be read beside them."""
+    kinds = []
+    for entry in data["models"].values():
+        for m in entry["methods"]:
+            try:
+                kind = parse_spec(m).kind
+            except ValueError:
+                continue
+            if kind in PAPER_TABLE1 and kind not in kinds:
+                kinds.append(kind)
+    if "swa" not in kinds:
+        kinds.insert(0, "swa")
+    rows = [
+        f"{label} ({tokens} tokens) {mmlu} / {avg}"
+        for label, tokens, mmlu, avg in (PAPER_TABLE1[k] for k in kinds)
+    ]
+    return f"Paper, MMLU / average recovery over 11 base models: {'; '.join(rows)}.\n"
+
+
+def _noise_lines(entry: Mapping, baseline: str) -> list[str]:
+    """In words: which recoveries differ from 100 by more than their noise (interval excludes 100)."""
+    out = []
+    for m, v in entry["methods"].items():
+        if m == baseline:
+            continue
+        named = []
+        for what, ci in (
+            ("MMLU recovery", v.get("mmlu_recovery_ci")),
+            ("average recovery", v.get("average_recovery_ci")),
+        ):
+            if ci is None:
+                continue
+            interval = Interval(1.0, ci[0] / 100, ci[1] / 100, 0)
+            if exceeds_noise(interval, 1.0):
+                side = "below" if ci[1] < 100 else "above"
+                named.append(f"{what} is {side} 100 by more than its noise [{ci[0]:.1f}, {ci[1]:.1f}]")
+        tasks = [
+            t
+            for t, ci in (v.get("recovery_ci") or {}).items()
+            if ci is not None and exceeds_noise(Interval(1.0, ci[0] / 100, ci[1] / 100, 0), 1.0)
+        ]
+        if tasks:
+            named.append("per task: " + ", ".join(TASK_LABELS[t] for t in tasks))
+        if named:
+            out.append(f"- {m}: " + "; ".join(named) + ".")
+        elif v.get("average_recovery_ci") is not None:
+            out.append(f"- {m}: within the noise of {baseline} on every recovery.")
+    return out
+
+
+def _with_ci(text: str, ci: list[float] | None) -> str:
+    return text if ci is None or text == "—" else f"{text} [{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
 def _pct(value: float | None) -> float | None:
@@ -201,13 +331,35 @@ def _markdown(model: str, entry: dict, chosen: Mapping[str, str], baseline: str,
         avg = _fmt(v["average"])
         if v["average_tasks"] < len(tasks):
             avg += f" ({v['average_tasks']} tasks)"
-        cells += [avg, _fmt(v["mmlu_recovery"]), _fmt(v["average_recovery"])]
+        avg = _with_ci(avg, v.get("average_ci"))
+        if m == baseline:
+            cells += [avg, _fmt(v["mmlu_recovery"]), _fmt(v["average_recovery"])]
+        else:
+            cells += [
+                avg,
+                _with_ci(_fmt(v["mmlu_recovery"]), v.get("mmlu_recovery_ci")),
+                _with_ci(_fmt(v["average_recovery"]), v.get("average_recovery_ci")),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     sizes = ", ".join(
         f"{TASK_LABELS[t]} {entry['n'][t]}" + (f" (limit {entry['limit'][t]})" if entry["limit"][t] else "")
         for t in tasks
     )
     lines.append(f"\nItems per task: {sizes}.")
+    widths = [
+        (ci[1] - ci[0]) / 2
+        for v in entry["methods"].values()
+        for ci in (v.get("scores_ci") or {}).values()
+        if ci is not None
+    ]
+    if widths:
+        lines.append(
+            f"A task's score has a 95% Wilson interval of ±{min(widths):.1f} to ±{max(widths):.1f} points at these sizes."
+        )
+    noise = _noise_lines(entry, baseline)
+    if noise:
+        lines.append("\nDifferences from " + baseline + " larger than their noise (paired 95% intervals):\n")
+        lines.extend(noise)
     return "\n".join(lines) + "\n"
 
 

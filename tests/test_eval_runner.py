@@ -260,11 +260,15 @@ def test_compare_defaults_are_the_paper_comparison(tmp_path, monkeypatch):
     from sinkwindow.eval.cli import COMPARE_METHODS, compare_methods
     from sinkwindow.linear import adapters
 
-    assert COMPARE_METHODS == ["full", "swa:256:4", "lolcats:256", "swa:256:0", "evict:256:4"]
+    assert COMPARE_METHODS == ["full", "swa:256:4", "lolcats:256", "liger:256", "swa:256:0", "evict:256:4"]
     monkeypatch.setattr(adapters, "ADAPTER_DIR", tmp_path)
     methods, notes = compare_methods("smollm2-135m")
     assert methods == ["full", "swa:256:4", "swa:256:0", "evict:256:4"]
-    assert len(notes) == 1 and "lolcats:256 left out" in notes[0] and "--checkpoint lolcats:256=" in notes[0]
-    assert compare_methods("smollm2-135m", {"lolcats:256"}) == (COMPARE_METHODS, [])
+    assert len(notes) == 2 and "lolcats:256 left out" in notes[0] and "--checkpoint lolcats:256=" in notes[0]
+    assert "liger:256 left out" in notes[1]
+    assert compare_methods("smollm2-135m", {"lolcats:256"})[0] == [
+        m for m in COMPARE_METHODS if m != "liger:256"
+    ]
     (tmp_path / "smollm2-135m--lolcats256.safetensors").write_bytes(b"")  # a shipped adapter is found by name
-    assert compare_methods("smollm2-135m")[0] == COMPARE_METHODS
+    (tmp_path / "smollm2-135m--liger256.safetensors").write_bytes(b"")
+    assert compare_methods("smollm2-135m") == (COMPARE_METHODS, [])

@@ -24,10 +24,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_METHODS = ["full", "swa:64:4", "swa:64:0", "swa:256:4"]
 # The main job is the paper's headline comparison at its window (Table 3: w = 256): SWA(256, 4), the
-# trained LoLCATs(+SWA) hybrid of the same window, the no-sink ablation, and dense-prompt eviction (the
-# other reading of "SWA at inference time"). lolcats:256 runs when an adapter ships for the model (or
-# --checkpoint gives one); otherwise compare says so and leaves it out.
-COMPARE_METHODS = ["full", "swa:256:4", "lolcats:256", "swa:256:0", "evict:256:4"]
+# trained LoLCATs(+SWA) and Liger-GLA(+SWA) retrofits of the same window, the no-sink ablation, and
+# dense-prompt eviction (the other reading of "SWA at inference time"). A trained baseline runs when an
+# adapter ships for the model (or --checkpoint gives one); otherwise compare says so and leaves it out.
+COMPARE_METHODS = ["full", "swa:256:4", "lolcats:256", "liger:256", "swa:256:0", "evict:256:4"]
 
 # The main job's two sizes. quick must finish in <= 20 minutes on 2 CPU cores (SmolLM2-135M).
 COMPARE_SIZES: dict[str, dict] = {
@@ -515,7 +515,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         None,
         "method specs, comma-separated and/or repeated (default: "
         + ",".join(COMPARE_METHODS)
-        + "; lolcats:256 only where a trained adapter ships for the model or --checkpoint gives one)",
+        + "; lolcats:256 and liger:256 only where a trained adapter ships for the model or --checkpoint gives one)",
     )
     p.add_argument(
         "--samples",

@@ -11,35 +11,21 @@ Importing the package has no side effects; attention implementations are registe
 transformers the first time ``apply`` runs.
 """
 
-from .cache import SinkWindowCache, SinkWindowLayer, cache_nbytes
-from .generate import DecodeStep, decode_speed, generate
-from .models import DEFAULT_MODEL, PACKAGED_MODELS, list_models, load
-from .patch import SUPPORTED_MODEL_TYPES, active_spec, apply, make_cache
-from .prefill import PrefillResult, prefill
-from .spec import MethodSpec, parse_spec
-from .static_cache import StaticSinkWindowCache
+from ._lazy import lazy_package
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "MethodSpec",
-    "parse_spec",
-    "apply",
-    "active_spec",
-    "make_cache",
-    "prefill",
-    "PrefillResult",
-    "load",
-    "list_models",
-    "SinkWindowCache",
-    "SinkWindowLayer",
-    "SUPPORTED_MODEL_TYPES",
-    "PACKAGED_MODELS",
-    "DEFAULT_MODEL",
-    "__version__",
-    "StaticSinkWindowCache",
-    "cache_nbytes",
-    "generate",
-    "DecodeStep",
-    "decode_speed",
-]
+# Public names by the module that defines them; each loads on first use (see _lazy.py).
+__all__ = lazy_package(
+    __name__,
+    {
+        ".cache": ["SinkWindowCache", "SinkWindowLayer", "cache_nbytes"],
+        ".generate": ["DecodeStep", "decode_speed", "generate"],
+        ".models": ["DEFAULT_MODEL", "PACKAGED_MODELS", "list_models", "load"],
+        ".patch": ["SUPPORTED_MODEL_TYPES", "active_spec", "apply", "make_cache"],
+        ".prefill": ["PrefillResult", "prefill"],
+        ".spec": ["MethodSpec", "parse_spec"],
+        ".static_cache": ["StaticSinkWindowCache"],
+    },
+)
+__all__.append("__version__")

@@ -13,45 +13,27 @@ Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``
 ``cache_nbytes`` / ``PeakMemory`` (memory), ``check_targets`` / ``write_report``.
 """
 
-from ..cache import cache_lengths, cache_nbytes
-from .decode import measure_decode, measure_decode_interleaved, measure_paired
-from .memory import PeakMemory, analytic_state_bytes
-from .methods import PEERS, RUNNERS, MethodRunner, MethodUnavailable, runner_for
-from .prefill import measure_prefill, measure_prefill_interleaved
-from .report import ROW_FIELDS, check_targets, load_rows, markdown_report, validate_row, write_report
-from .roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
-from .suite import DEFAULT_CONTEXTS, DEFAULT_METHODS, DEFAULT_MODELS, BenchConfig, run_bench
-from .synthetic import SyntheticConfig, build_synthetic
+from .._lazy import lazy_package
 
-__all__ = [
-    "BenchConfig",
-    "run_bench",
-    "DEFAULT_CONTEXTS",
-    "DEFAULT_METHODS",
-    "DEFAULT_MODELS",
-    "SyntheticConfig",
-    "build_synthetic",
-    "MethodRunner",
-    "MethodUnavailable",
-    "RUNNERS",
-    "PEERS",
-    "runner_for",
-    "measure_decode",
-    "measure_decode_interleaved",
-    "measure_paired",
-    "measure_prefill",
-    "measure_prefill_interleaved",
-    "measure_bandwidth",
-    "weight_bytes_per_token",
-    "roofline_ms",
-    "PeakMemory",
-    "analytic_state_bytes",
-    "cache_nbytes",
-    "cache_lengths",
-    "ROW_FIELDS",
-    "validate_row",
-    "load_rows",
-    "check_targets",
-    "markdown_report",
-    "write_report",
-]
+# Public names by the module that defines them; each loads on first use (see _lazy.py).
+__all__ = lazy_package(
+    __name__,
+    {
+        "..cache": ["cache_lengths", "cache_nbytes"],
+        ".decode": ["measure_decode", "measure_decode_interleaved", "measure_paired"],
+        ".memory": ["PeakMemory", "analytic_state_bytes"],
+        ".methods": ["PEERS", "RUNNERS", "MethodRunner", "MethodUnavailable", "runner_for"],
+        ".prefill": ["measure_prefill", "measure_prefill_interleaved"],
+        ".report": [
+            "ROW_FIELDS",
+            "check_targets",
+            "load_rows",
+            "markdown_report",
+            "validate_row",
+            "write_report",
+        ],
+        ".roofline": ["measure_bandwidth", "roofline_ms", "weight_bytes_per_token"],
+        ".suite": ["DEFAULT_CONTEXTS", "DEFAULT_METHODS", "DEFAULT_MODELS", "BenchConfig", "run_bench"],
+        ".synthetic": ["SyntheticConfig", "build_synthetic"],
+    },
+)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...linear.adapters import shipped_adapter
 from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
 from ..results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
 from .constants import (
@@ -272,6 +271,7 @@ def run_lmeval(
     """
     import sinkwindow
 
+    from ...linear.adapters import shipped_adapter  # imports torch: not at --help time
     from .model import resolve_device, resolve_dtype
 
     # A method or task named twice runs once (its second turn would not see the first one's row).

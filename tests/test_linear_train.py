@@ -402,6 +402,18 @@ def test_sigterm_stops_at_a_micro_batch_and_saves_the_last_finished_step(tmp_pat
     assert resumed.best_val == pytest.approx(whole.best_val, rel=1e-6)
 
 
+def test_a_stage_runs_off_the_main_thread_without_signal_handlers(tmp_path, alpaca_file):
+    # Ray tasks and worker threads cannot set signal handlers: the stage must still run there.
+    import threading
+
+    run = _stage_run(tmp_path, alpaca_file, save_every=100, eval_every=100, save_minutes=None)
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("result", run("thread")))
+    worker.start()
+    worker.join()
+    assert out["result"].finished and out["result"].steps == 4
+
+
 def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     kwargs = dict(
         data=str(alpaca_file), transfer_tokens=2 * 2 * 32, finetune_tokens=2 * 2 * 32, seq_len=32, grad_accum=2,

@@ -82,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     ADAPTER_DIR.mkdir(parents=True, exist_ok=True)
     dst = ADAPTER_DIR / f"{adapter_stem(args.model, args.method)}.safetensors"
     shutil.copyfile(src, dst)
-    if dst.stat().st_size > MAX_BYTES:
+    # The budget is for every shipped adapter together: the wheel carries them all.
+    total = sum(f.stat().st_size for f in ADAPTER_DIR.glob("*.safetensors"))
+    if total > MAX_BYTES:
         dst.unlink()
         raise SystemExit(
-            f"error: {src} is {src.stat().st_size / 2**20:.1f} MiB, over the 20 MiB package budget"
+            f"error: with {src} ({src.stat().st_size / 2**20:.1f} MiB) the shipped adapters would hold "
+            f"{total / 2**20:.1f} MiB, over the 20 MiB package budget: ship a smaller adapter or retire one"
         )
 
     torch.manual_seed(0)

@@ -99,6 +99,11 @@ def test_shipped_file_matches_its_provenance(entry):
         assert key in entry, key
 
 
+def test_shipped_adapters_fit_the_package_budget_together():
+    assert SHIPPED, "no adapter ships with the package"
+    assert sum(entry["bytes"] for entry in SHIPPED) <= 20 * 2**20
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", SHIPPED, ids=[a["file"] for a in SHIPPED])
 def test_shipped_adapter_reproduces_its_export_logits(entry):

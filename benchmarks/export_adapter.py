@@ -23,14 +23,20 @@ from pathlib import Path
 import torch
 
 import sinkwindow
-from sinkwindow.linear.adapters import ADAPTER_DIR, adapter_stem, file_sha256, probe_logits, verify_adapter
+from sinkwindow.linear.adapters import (
+    ADAPTER_DIR,
+    PACKAGE_BUDGET_BYTES,
+    adapter_stem,
+    file_sha256,
+    probe_logits,
+    verify_adapter,
+)
 from sinkwindow.linear.checkpoint import read_metadata, resolve_checkpoint
 
 PROBE_TEXT = (
     "Below is an instruction that describes a task. Write a response that appropriately completes the "
     "request.\n\n### Instruction:\nName three primary colours.\n\n### Response:\n"
 )
-MAX_BYTES = 20 * 2**20
 # fp32 on CPU: thread counts and BLAS paths move logits by ~1e-5; an adapter change moves them by far more.
 PROBE_ATOL = 2e-3
 
@@ -82,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ADAPTER_DIR.mkdir(parents=True, exist_ok=True)
     dst = ADAPTER_DIR / f"{adapter_stem(args.model, args.method)}.safetensors"
     shutil.copyfile(src, dst)
-    # The budget is for every shipped adapter together: the wheel carries them all.
     total = sum(f.stat().st_size for f in ADAPTER_DIR.glob("*.safetensors"))
-    if total > MAX_BYTES:
+    if total > PACKAGE_BUDGET_BYTES:
         dst.unlink()
         raise SystemExit(
             f"error: with {src} ({src.stat().st_size / 2**20:.1f} MiB) the shipped adapters would hold "

@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_model
 from sinkwindow.linear import adapters, convert, save_checkpoint
 from sinkwindow.linear.adapters import (
+    PACKAGE_BUDGET_BYTES,
     adapter_stem,
     file_sha256,
     list_adapters,
@@ -94,14 +95,14 @@ def test_no_adapter_and_no_checkpoint_names_the_fix(tmp_path, monkeypatch):
 @pytest.mark.parametrize("entry", SHIPPED, ids=[a["file"] for a in SHIPPED])
 def test_shipped_file_matches_its_provenance(entry):
     assert file_sha256(entry["path"]) == entry["sha256"]
-    assert entry["bytes"] <= 20 * 2**20
+    assert entry["bytes"] <= PACKAGE_BUDGET_BYTES
     for key in ("data", "tokens", "steps", "val_loss", "seed", "command", "sinkwindow_commit"):
         assert key in entry, key
 
 
 def test_shipped_adapters_fit_the_package_budget_together():
     assert SHIPPED, "no adapter ships with the package"
-    assert sum(entry["bytes"] for entry in SHIPPED) <= 20 * 2**20
+    assert sum(entry["bytes"] for entry in SHIPPED) <= PACKAGE_BUDGET_BYTES
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from ..spec import MethodSpec, parse_spec
 
 __all__ = [
     "ADAPTER_DIR",
+    "PACKAGE_BUDGET_BYTES",
     "adapter_stem",
     "file_sha256",
     "list_adapters",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 ADAPTER_DIR = Path(__file__).resolve().parent / "adapters"
+# Every shipped adapter together: the wheel carries them all.
+PACKAGE_BUDGET_BYTES = 20 * 2**20
 
 
 def adapter_stem(model_name: str, spec: str | MethodSpec) -> str:

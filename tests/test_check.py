@@ -7,6 +7,7 @@ import torch
 
 import sinkwindow
 import sinkwindow.masks as masks
+import sinkwindow.models  # the skipif below reads it at collection, before any test imports it
 from conftest import QK_WEIGHTS, tiny_config, tiny_model
 from sinkwindow.cache import SinkWindowLayer
 from sinkwindow.check import check_model, default_layers, default_seq_len, truncate_layers, validate_options

@@ -1,6 +1,7 @@
 """apply(): identity cases, the fp64 reference, the silent no-mask failure, restoring, bad input, and which
 models it accepts (by capability) or refuses (with the reason)."""
 
+import json
 import re
 
 import pytest
@@ -35,10 +36,11 @@ def test_full_and_wide_window_reproduce_unpatched(family, attn):
     for spec in ("swa:37:4", "swa:64:0", "swa:500:16"):
         sinkwindow.apply(model, spec, native_sliding=mode)
         torch.testing.assert_close(model(ids).logits, base, atol=1e-5, rtol=1e-5)
+    own_class = sinkwindow.patch.base_class(model)
     sinkwindow.apply(model, "full")
-    assert (
-        type(model).__name__ == type(model).__mro__[0].__name__ and "SinkWindow" not in type(model).__name__
-    )
+    # The model keeps the context subclass (so `with apply(model, "full")` works) under its own name.
+    assert sinkwindow.patch.base_class(model) is own_class and type(model).__name__ == own_class.__name__
+    assert isinstance(model, own_class)
     assert model.config._attn_implementation == attn
     torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
 
@@ -101,6 +103,47 @@ def test_context_manager_restores():
         assert model.config._attn_implementation == "sdpa"
         assert not hasattr(model.config, "_sinkwindow")
         torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
+
+
+def test_full_block_runs_full_attention_and_returns_to_what_it_interrupted():
+    model = tiny_model("llama")
+    base_cls = type(model)
+    ids = _ids(30)
+    with torch.no_grad():
+        base = model(ids).logits
+        with sinkwindow.apply(model, "full"):  # on an unpatched model: a block that changes nothing
+            torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
+        assert type(model) is base_cls
+        with sinkwindow.apply(model, "swa:8:2"):
+            windowed = model(ids).logits
+            with sinkwindow.apply(model, "full"):
+                assert sinkwindow.active_spec(model).is_full
+                torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
+            assert str(sinkwindow.active_spec(model)) == "swa:8:2"
+            torch.testing.assert_close(model(ids).logits, windowed, atol=0, rtol=0)
+        assert sinkwindow.active_spec(model).is_full and type(model) is base_cls
+        torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
+
+
+def test_plain_calls_do_not_leak_into_blocks(tmp_path):
+    # apply() outside any block, then a block: the block returns to the plain call's spec, not to a
+    # spec an earlier plain call replaced.
+    model = tiny_model("llama")
+    sinkwindow.apply(model, "swa:8:2")
+    sinkwindow.apply(model, "swa:16:4")
+    with sinkwindow.apply(model, "evict:8:1"):
+        pass
+    assert str(sinkwindow.active_spec(model)) == "swa:16:4"
+    sinkwindow.apply(model, "full")
+    assert sinkwindow.patch.base_class(model) is type(model).__mro__[2]
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    with sinkwindow.apply(model, "swa:8:2"):
+        pass
+    assert sinkwindow.active_spec(model).is_full
+    assert type(model) is sinkwindow.patch.base_class(model)  # the outermost block's exit
+    # Unpatched again, generate() keeps the family's own default cache.
+    assert type(model)._supports_default_dynamic_cache()
 
 
 def test_reapply_switches_spec_and_leaves_config_alone():

@@ -85,6 +85,9 @@ MASK_ENTRY_POINTS = frozenset({"create_causal_mask", "create_sliding_window_caus
 NATIVE_SLIDING_POLICIES = ("override", "keep")
 
 _STATE_ATTR = STATE_ATTR
+# Model attributes of the context manager: what the latest apply() replaced, and the open blocks' specs.
+_ENTERED_FROM_ATTR = "_sinkwindow_entered_from"
+_BLOCKS_ATTR = "_sinkwindow_blocks"
 SDPA_NAME = "sinkwindow_sdpa"
 EAGER_NAME = "sinkwindow_eager"
 FLEX_NAME = flex.FLEX_NAME
@@ -243,8 +246,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     The checks read class flags and the global names the forward functions' bytecode refers to; they
     run no forward.
     """
-    state = getattr(model, _STATE_ATTR, None)
-    cls = state["cls"] if state else type(model)  # the model's own class, not the context-manager mixin
+    cls = base_class(model)  # the model's own class, not the context-manager mixin
     tcfg = text_config(model)
     model_type = tcfg.model_type
     remote = cls.__module__.startswith("transformers_modules")
@@ -341,37 +343,60 @@ def _all_configs(model: PreTrainedModel) -> list:
 
 
 class _SinkWindowContext:
-    """Mixed into the patched model's class so ``with apply(model, spec):`` restores on exit."""
+    """Mixed into the model's class by ``apply`` so ``with apply(model, spec):`` restores on exit.
+
+    ``apply`` notes what ran before it (``_ENTERED_FROM_ATTR``); entering a block pushes that on the
+    model's block stack and leaving pops it, so plain calls never grow the stack and a block returns to
+    the spec it interrupted, ``full`` blocks included.
+    """
 
     def __enter__(self):
+        self.__dict__.setdefault(_BLOCKS_ATTR, []).append(self.__dict__.pop(_ENTERED_FROM_ATTR, None))
         return self
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # generate() then builds no DynamicCache of its own: the first forward runs with no cache, the
-        # pre-hook makes the bounded one, and generate carries on with the cache the model returned. So
-        # plain model.generate(ids) and pipelines keep SWA(w, s)'s memory bound with no cache= argument.
+    def _supports_default_dynamic_cache(self) -> bool:
+        # While patched, generate() builds no DynamicCache of its own: the first forward runs with no
+        # cache, the pre-hook makes the bounded one, and generate carries on with the cache the model
+        # returned. So plain model.generate(ids) and pipelines keep SWA(w, s)'s memory bound with no
+        # cache= argument. Unpatched (a ``full`` block), the family's own answer.
+        if getattr(self, _STATE_ATTR, None) is None:
+            return _base_of(type(self))._supports_default_dynamic_cache()
         return False
 
     def __exit__(self, *exc) -> None:
-        # Back to what ran before the apply() this block entered with: the outer block's spec when
-        # blocks nest, full attention at the outermost.
-        state = getattr(self, _STATE_ATTR, None)
-        previous = state["stack"].pop() if state and state.get("stack") else None
-        if previous is None:
-            apply(self, "full")
-        else:
+        blocks = self.__dict__.get(_BLOCKS_ATTR) or [None]
+        previous = blocks.pop()
+        if previous is not None:
             spec, native_sliding, implementation = previous
             _apply(self, spec, native_sliding=native_sliding, attn_implementation=implementation, push=False)
+            return
+        state = getattr(self, _STATE_ATTR, None)
+        if state:
+            _restore(self, state)
+        if not blocks:  # the outermost block: the model's own class again
+            self.__dict__.pop(_BLOCKS_ATTR, None)
+            self.__class__ = _base_of(type(self))
 
 
 _CONTEXT_CLASSES: dict[type, type] = {}
 
 
 def _context_class(cls: type) -> type:
+    cls = _base_of(cls)
     if cls not in _CONTEXT_CLASSES:
-        _CONTEXT_CLASSES[cls] = type(f"SinkWindow{cls.__name__}", (_SinkWindowContext, cls), {})
+        # The family's own name: save_pretrained writes it into config.architectures, and logs and
+        # reprs should show the model, not our mixin.
+        _CONTEXT_CLASSES[cls] = type(
+            cls.__name__,
+            (_SinkWindowContext, cls),
+            {"_sinkwindow_base": cls, "__qualname__": cls.__qualname__},
+        )
     return _CONTEXT_CLASSES[cls]
+
+
+def _base_of(cls: type) -> type:
+    """The model's own class under the context subclass (``cls`` itself when it is not one)."""
+    return cls.__dict__.get("_sinkwindow_base", cls)
 
 
 def active_spec(model: PreTrainedModel) -> MethodSpec:
@@ -389,7 +414,7 @@ def active_native_sliding(model: PreTrainedModel) -> str:
 def base_class(model: PreTrainedModel) -> type:
     """The model's own class, under the context-manager subclass ``apply`` swaps in."""
     state = getattr(model, _STATE_ATTR, None)
-    return state["cls"] if state else type(model)
+    return state["cls"] if state else _base_of(type(model))
 
 
 def apply(
@@ -401,9 +426,11 @@ def apply(
 ) -> PreTrainedModel:
     """Patch ``model`` in place to run ``spec`` and return it.
 
-    Usable as a context manager: ``with sinkwindow.apply(model, "swa:64:4") as m: ...`` restores on
-    exit what ran before (the outer block's spec when blocks nest, else the original attention);
-    ``apply(model, "full")`` restores the original attention at any time.
+    Usable as a context manager for every spec, ``full`` included: ``with sinkwindow.apply(model,
+    "swa:64:4") as m: ...`` restores on exit what ran before (the spec of the block or plain call it
+    interrupted, else the original attention); leaving the outermost block gives the model its own
+    class back. ``apply(model, "full")`` restores the original attention at any time; the model then
+    stays under a subclass of its own class (same name, same behaviour) so that it can open a block.
 
     Args:
         model: a transformers causal LM of a supported family.
@@ -443,9 +470,17 @@ def _apply(
             "before applying another method"
         )
 
+    if push:
+        # What a ``with`` block entered with this call returns to (None: full attention).
+        model.__dict__[_ENTERED_FROM_ATTR] = (
+            (state["spec"], state["native_sliding"], model.config._attn_implementation) if state else None
+        )
     if spec.is_full:
         if state:
             _restore(model, state)
+        # Kept (or put) under the context class so ``with apply(model, "full"):`` works too; the
+        # outermost block's exit gives the model its own class back.
+        model.__class__ = _context_class(type(model))
         return model
     if spec.is_linear:
         raise ValueError(
@@ -457,20 +492,14 @@ def _apply(
     full_kv_heads = _full_kv_heads(model, spec, native_sliding)
     _warn_shrunk_local_windows(model, spec, native_sliding)
 
-    cls = state["cls"] if state else type(model)
+    cls = state["cls"] if state else _base_of(type(model))
     name = _attention_name(
         cls, attn_implementation, state["impl"] if state else model.config._attn_implementation
     )
     _register()
     if state is None:
-        state = {"impl": model.config._attn_implementation, "cls": cls, "stack": []}
+        state = {"impl": model.config._attn_implementation, "cls": cls}
         setattr(model, _STATE_ATTR, state)
-        previous = None
-    else:
-        # The implementation too: an outer block that ran on flex returns to flex.
-        previous = (state["spec"], state["native_sliding"], model.config._attn_implementation)
-    if push:
-        state["stack"].append(previous)
 
     plan = {
         "kind": spec.kind,
@@ -496,8 +525,7 @@ def _apply(
         modules = [next(m for m in layer.modules() if _dispatches_attention(m)) for layer in layers]
         state["live"] = hybrid.install(modules, full_kv_heads, _kv_heads(model))
     _install_hooks(model)
-    if not isinstance(model, _SinkWindowContext):
-        model.__class__ = _context_class(type(model))
+    model.__class__ = _context_class(type(model))
     return model
 
 
@@ -585,7 +613,6 @@ def _restore(model: PreTrainedModel, state: dict) -> None:
     for handle in _HOOKS.pop(model, []):
         handle.remove()
     hybrid.remove(model)
-    model.__class__ = state["cls"]
     for cfg in _all_configs(model):
         cfg.__dict__.pop(PLAN_ATTR, None)
     model.set_attn_implementation(state["impl"])

@@ -521,6 +521,20 @@ def test_an_lm_eval_resume_with_another_checkpoint_refuses(fixtures, tiny_model_
     # The same checkpoint resumes, running nothing.
     assert _piqa(tiny_model_dir, fixtures, out, methods=["lolcats:16"], checkpoints=ckpts[0]) == rows
     assert len(lmeval.read_rows(out)) == 1
+    # A retrained baseline runs again with --redo; its old row moves aside.
+    redone = _piqa(
+        tiny_model_dir,
+        fixtures,
+        out,
+        methods=["lolcats:16"],
+        checkpoints={"lolcats:16": ckpts[1]},
+        redo=["lolcats:16"],
+    )
+    (previous,) = out.glob("previous-*")
+    assert [
+        json.loads(line)["fingerprint"] for line in (previous / "results.jsonl").read_text().splitlines()
+    ] == [rows[0]["fingerprint"]]
+    assert len(lmeval.read_rows(out)) == 1 and redone[0]["fingerprint"] != rows[0]["fingerprint"]
 
 
 def test_lm_eval_new_run_moves_the_old_rows_aside(piqa_run, fixtures, tiny_model_dir, tmp_path, capsys):

@@ -203,6 +203,50 @@ def test_new_run_starts_over_and_moves_the_old_rows_aside(done, tiny_pair, check
     assert config["chunk_size"] == 32 and "history" not in config
 
 
+def test_redo_reruns_one_retrained_baseline_and_keeps_every_other_row(done, tiny_pair, checkpoints, tmp_path):
+    folder = _copy(done, tmp_path)
+    lines = (folder / "results.jsonl").read_text().splitlines(keepends=True)
+    full_lines = [line for line in lines if json.loads(line)["method"] == "full"]
+    lolcats_lines = [line for line in lines if json.loads(line)["method"] == LOLCATS]
+    old_fingerprint = (folder / "fingerprint.json").read_text()
+    retrained = _config(checkpoints, checkpoints={LOLCATS: checkpoints[1]})
+    with pytest.raises(RunMismatchError, match=f"pass --redo {LOLCATS} to move its rows aside"):
+        run_eval(retrained, folder, model_and_tokenizer=tiny_pair, progress=False)
+    with pytest.raises(ValueError, match="--redo swa:8:2: not among this run's methods"):
+        run_eval(retrained, folder, model_and_tokenizer=tiny_pair, progress=False, redo=["swa:8:2"])
+    ran = []
+    store = run_eval(
+        retrained, folder, model_and_tokenizer=tiny_pair, progress=False, redo=[LOLCATS], on_row=ran.append
+    )
+    assert sorted(r["method"] for r in ran) == [LOLCATS] * 3 and len(store) == plan_size(retrained)
+    (previous,) = folder.glob("previous-*")
+    assert (previous / "results.jsonl").read_text() == "".join(lolcats_lines)
+    assert (previous / "fingerprint.json").read_text() == old_fingerprint
+    kept = (folder / "results.jsonl").read_text().splitlines(keepends=True)
+    assert kept[: len(full_lines)] == full_lines  # byte for byte, in their order
+    settings = json.loads((folder / "fingerprint.json").read_text())["settings"]
+    assert (
+        settings[f"checkpoint[{LOLCATS}]"]
+        == "sha256:" + hashlib.sha256(Path(checkpoints[1]).read_bytes()).hexdigest()
+    )
+    assert all(r["fingerprint"] == row_fingerprint(settings, r["task"], r["method"]) for r in store.rows())
+    # The folder now resumes with the retrained checkpoint and runs nothing.
+    again = []
+    run_eval(retrained, folder, model_and_tokenizer=tiny_pair, progress=False, on_row=again.append)
+    assert again == []
+
+
+def test_redo_flag_takes_specs_and_excludes_new_run(capsys):
+    from sinkwindow.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["compare", "--redo", "liger:256,linear"])
+    assert args.redo == ["liger:256", "linear"] and not args.new_run
+    with pytest.raises(SystemExit):
+        parser.parse_args(["compare", "--redo", "liger:256", "--new-run"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_a_subset_rerun_redoes_nothing_and_reports_only_the_subset(done, tiny_pair, checkpoints, tmp_path):
     folder = _copy(done, tmp_path)
     cfg = _config(checkpoints, methods=["full"], tasks=["niah_single_1"])

@@ -659,10 +659,20 @@ def add_no_resume(
 
 
 def add_new_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    """``--new-run`` (start the folder over) or ``--redo SPECS`` (start those methods over)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
         "--new-run",
         action="store_true",
         help="start over in --out: the old rows are moved aside, not mixed with the new ones",
+    )
+    g.add_argument(
+        "--redo",
+        action=MethodsAction,
+        default=[],
+        metavar="SPECS",
+        help="run these methods again in --out (a retrained baseline): their rows move to previous-<time>/, "
+        "every other method's rows are kept",
     )
 
 

@@ -186,6 +186,7 @@ def _run_scheduled(cfg, out, args, model_and_tokenizer=None):
             model_and_tokenizer=model_and_tokenizer,
             progress=not args.no_progress,
             new_run=args.new_run,
+            redo=args.redo,
         )
     except CellsFailedError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -384,6 +385,7 @@ def _short_tasks(args, cfg, model_tok, out: Path, *, check_only: bool = False) -
         model_and_tokenizer=model_tok,
         checkpoints=cfg.checkpoints,
         new_run=args.new_run,  # run_eval moved OUT/short aside already; this keeps the two in step
+        redo=args.redo,
         check_only=check_only,
     )
     if check_only:

@@ -12,7 +12,9 @@ A run folder holds::
 A re-run with the same settings skips every sample already in ``results.jsonl``; a run killed
 midway loses at most the sample in flight. A re-run with other settings (decode cap, chunk size,
 checkpoint, dtype, ...) is refused with :class:`RunMismatchError` naming what differs; with
-``new_run=True`` the old files move to ``previous-<UTC time>/`` and the run starts over in place.
+``new_run=True`` the old files move to ``previous-<UTC time>/`` and the run starts over in place;
+with ``redo=METHODS`` only those methods' rows move there (and their recorded checkpoints are
+forgotten), so a retrained baseline runs again beside the rows of every other method.
 One run at a time writes a folder (:class:`RunLock`). Unreadable lines (a torn last line after a
 kill, or a damaged file) are skipped with a warning naming file and line, and counted in
 ``skipped_lines``; a writer cuts a torn last line off so the next append starts on a fresh line.
@@ -36,6 +38,7 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "RunMismatchError",
+    "check_redo",
     "check_resume",
     "read_jsonl",
     "library_versions",
@@ -190,12 +193,13 @@ def _has_rows(run_dir: Path) -> int:
     return len(rows)
 
 
-def check_resume(run_dir: str | os.PathLike, settings: dict) -> dict:
+def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[str] = ()) -> dict:
     """The settings to record after resuming ``run_dir`` with ``settings``; read-only.
 
     Returns the folder's recorded settings updated with ``settings`` (task parameters and
     checkpoints of tasks and methods this run does not touch are kept), or ``settings`` for a
-    folder without results.
+    folder without results. ``redo``: methods whose rows will be moved aside (``ResultsStore``),
+    so their recorded checkpoints are not compared.
 
     Raises:
         RunMismatchError: the folder's results were made with other settings, or recorded none.
@@ -213,12 +217,41 @@ def check_resume(run_dir: str | os.PathLike, settings: dict) -> dict:
             f"{run} holds {n} results but no record of the settings they were made with ({FINGERPRINT_FILE}); "
             f"{fix}"
         )
-    old = recorded["settings"]
+    old = _forget_methods(recorded["settings"], redo)
     diff = conflicts(old, settings)
     if diff:
         said = ", ".join(f"{k} {_describe(a)} → {_describe(b)}" for k, a, b in diff)
+        only = {key[len("checkpoint[") : -1] for key, *_ in diff if key.startswith("checkpoint[")}
+        if only and len(only) == len(diff):
+            # A retrained baseline: only its rows need to go.
+            fix = f"pass --redo {','.join(sorted(only))} to move its rows aside and run it again, or {fix}"
         raise RunMismatchError(f"{run} holds results made with other settings: {said}; {fix}")
     return {**old, **settings}
+
+
+def check_redo(redo: Collection[str], methods: Collection[str]) -> tuple[str, ...]:
+    """``redo``'s specs, canonical; each must be one of the run's ``methods`` (rows moved aside
+    and not made again would only be lost from the report).
+
+    Raises:
+        ValueError: a bad spec, or one the run does not include (one line naming the fix).
+    """
+    from ..spec import parse_spec
+
+    canonical = {str(parse_spec(m)) for m in methods}
+    out = tuple(dict.fromkeys(str(parse_spec(m)) for m in redo))
+    missing = [m for m in out if m not in canonical]
+    if missing:
+        raise ValueError(
+            f"--redo {','.join(missing)}: not among this run's methods ({', '.join(methods)}); add it to --methods"
+        )
+    return out
+
+
+def _forget_methods(settings: dict, methods: Collection[str]) -> dict:
+    """``settings`` without the per-method keys (``checkpoint[M]``) of ``methods``."""
+    drop = {f"checkpoint[{m}]" for m in methods}
+    return {k: v for k, v in settings.items() if k not in drop}
 
 
 class RunLock:
@@ -307,6 +340,10 @@ class ResultsStore:
             (:func:`check_resume`), then recorded in ``fingerprint.json``.
         new_run: first move the folder's results, config, fingerprint and reports to
             ``previous-<UTC time>/``, so nothing old is checked or reused.
+        redo: methods (canonical specs) whose rows first move to ``previous-<UTC time>/results.jsonl``
+            (with copies of the config and fingerprint they were made under); their recorded
+            checkpoints are forgotten, so a retrained baseline's rows are made again and every
+            other method's rows are kept.
 
     Attributes:
         skipped_lines: how many lines of ``results.jsonl`` were unreadable and skipped.
@@ -325,15 +362,19 @@ class ResultsStore:
         *,
         settings: dict | None = None,
         new_run: bool = False,
+        redo: Collection[str] = (),
     ):
         self.dir = check_run_dir(run_dir)
         self.path = self.dir / RESULTS_FILE
         self.config_path = self.dir / CONFIG_FILE
         self.selection: frozenset[tuple] | None = None
-        writer = config is not None or settings is not None or new_run
+        writer = config is not None or settings is not None or new_run or bool(redo)
         if writer:
             self.dir.mkdir(parents=True, exist_ok=True)
-        self.previous: Path | None = self._move_aside() if new_run else None
+        if new_run:
+            self.previous: Path | None = self._move_aside()
+        else:
+            self.previous = self._move_methods_aside(redo) if redo else None
         merged = check_resume(self.dir, settings) if settings is not None else None
         self._rows, bad = read_jsonl(self.path)
         self.skipped_lines = len(bad)
@@ -349,19 +390,56 @@ class ResultsStore:
         if config is not None:
             self.write_config(config)
 
-    def _move_aside(self) -> Path | None:
-        present = [self.dir / name for name in RUN_FILES if (self.dir / name).exists()]
-        if not present:
-            return None
+    def _previous_dir(self) -> Path:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         target, k = self.dir / f"previous-{stamp}", 1
         while target.exists():
             k += 1
             target = self.dir / f"previous-{stamp}-{k}"
         target.mkdir()
+        return target
+
+    def _move_aside(self) -> Path | None:
+        present = [self.dir / name for name in RUN_FILES if (self.dir / name).exists()]
+        if not present:
+            return None
+        target = self._previous_dir()
         for p in present:
             shutil.move(str(p), str(target / p.name))
         logger.warning("new run in %s: the previous results are in %s", self.dir, target)
+        return target
+
+    def _move_methods_aside(self, methods: Collection[str]) -> Path | None:
+        """Move the rows of ``methods`` to ``previous-<time>/results.jsonl``; forget their checkpoints."""
+        recorded = _read_fingerprint(self.dir)
+        lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+
+        def method_of(line: str) -> str | None:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                return None  # a torn or damaged line stays where read_jsonl reports it
+            return row.get("method") if isinstance(row, dict) else None
+
+        moved = [line for line in lines if method_of(line) in methods]
+        stale = recorded is not None and recorded["settings"] != _forget_methods(
+            recorded["settings"], methods
+        )
+        if not moved and not stale:
+            return None
+        target = self._previous_dir()
+        for name in (CONFIG_FILE, FINGERPRINT_FILE):  # what the moved rows were made under
+            if (self.dir / name).exists():
+                shutil.copy2(self.dir / name, target / name)
+        (target / RESULTS_FILE).write_text("".join(moved))
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line for line in lines if method_of(line) not in methods))
+        tmp.replace(self.path)
+        if recorded is not None:
+            self._write_settings(_forget_methods(recorded["settings"], methods))
+        logger.warning(
+            "redo %s in %s: its %d previous rows are in %s", ", ".join(methods), self.dir, len(moved), target
+        )
         return target
 
     def _repair_tail(self) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -35,7 +35,16 @@ from ..spec import parse_spec
 from ..switch import use_method
 from ..threads import apply_threads
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
-from .results import ResultsStore, RunLock, check_resume, check_run_dir, row_key, source_commit, utc_now
+from .results import (
+    ResultsStore,
+    RunLock,
+    check_redo,
+    check_resume,
+    check_run_dir,
+    row_key,
+    source_commit,
+    utc_now,
+)
 from .scheduler import (
     Cell,
     CellJob,
@@ -526,6 +535,7 @@ def run_eval(
     on_row: Callable[[dict], None] | None = None,
     *,
     new_run: bool = False,
+    redo: Collection[str] = (),
     scheduler: Scheduler | None = None,
     model_factory: Callable[[], tuple] | None = None,
 ) -> ResultsStore:
@@ -544,6 +554,8 @@ def run_eval(
             of it (fine for small models; give ``model_factory`` for large ones).
         new_run: start over in place: the folder's old results, config and reports move to
             ``previous-<UTC time>/``.
+        redo: methods of ``config`` to run again: their rows move to ``previous-<UTC time>/`` and
+            their recorded checkpoints are forgotten (a retrained baseline); other rows are kept.
         scheduler: overrides ``config.workers`` / ``config.ray`` (``eval/scheduler.py``).
         model_factory: a picklable ``() -> (model, tokenizer)`` that workers call once each;
             default: load ``config.model`` on ``config.device`` in ``config.dtype``.
@@ -563,8 +575,9 @@ def run_eval(
     check_run_dir(out_dir)
     given = model_and_tokenizer[0] if model_and_tokenizer is not None else None
     settings = run_settings(config, given)
+    redo = check_redo(redo, config.methods)
     if not new_run:
-        check_resume(out_dir, settings)  # refuse before spending the model load
+        check_resume(out_dir, settings, redo)  # refuse before spending the model load
     if scheduler is None:
         scheduler = make_scheduler(config.workers, config.ray)
     load_fn = model_factory or _loader(config)
@@ -591,6 +604,7 @@ def run_eval(
             },
             settings=settings,
             new_run=new_run,
+            redo=redo,
         )
         store.select(planned_keys(config))
         cells = plan(

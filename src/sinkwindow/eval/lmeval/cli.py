@@ -180,6 +180,7 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens or None,
         resume=not args.no_resume,
         new_run=args.new_run,
+        redo=args.redo,
     )
     md, data = recovery_table(rows)
     print(md)

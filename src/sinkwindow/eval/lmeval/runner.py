@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
-from ..results import ResultsStore, RunLock, check_resume, check_run_dir, row_key
+from ..results import ResultsStore, RunLock, check_redo, check_resume, check_run_dir, row_key
 from .constants import (
     DEFAULT_MAX_BATCH_TOKENS,
     SHORT_TASKS,
@@ -212,6 +212,7 @@ def run_lmeval(
     bootstrap_iters: int = 1000,
     resume: bool = True,
     new_run: bool = False,
+    redo: Sequence[str] = (),
     check_only: bool = False,
     model_and_tokenizer: tuple[Any, Any] | None = None,
 ) -> list[dict]:
@@ -249,6 +250,8 @@ def run_lmeval(
             table uses the latest). The settings are checked all the same.
         new_run: move the folder's rows, config, fingerprint and reports to ``previous-<time>/``
             first, and start over in place.
+        redo: methods to run again: their rows move to ``previous-<time>/`` and their recorded
+            checkpoints are forgotten (a retrained baseline); other rows are kept.
         check_only: stop after checking that ``out_dir`` can resume with these settings
             (raising like a real run would), before anything loads or runs; returns ``[]``.
         model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading ``model_name``.
@@ -340,8 +343,9 @@ def run_lmeval(
     if out_dir is None:
         return run.run(None, resume=False)
     out = check_run_dir(out_dir)
+    redo = check_redo(redo, specs)
     if not new_run:
-        check_resume(out, settings)  # refuse before spending the model load
+        check_resume(out, settings, redo)  # refuse before spending the model load
     if check_only:
         return []
     config = {
@@ -360,7 +364,7 @@ def run_lmeval(
         "dtype": dtype if given is None else settings["dtype"],
     }
     with RunLock(out):
-        store = ResultsStore(out, config, settings=settings, new_run=new_run)
+        store = ResultsStore(out, config, settings=settings, new_run=new_run, redo=redo)
         if store.previous is not None:
             # The table was made from the rows that just moved: it goes with them.
             for name in (TABLE_FILE, TABLE_JSON):

@@ -142,8 +142,21 @@ def test_plain_calls_do_not_leak_into_blocks(tmp_path):
         pass
     assert sinkwindow.active_spec(model).is_full
     assert type(model) is sinkwindow.patch.base_class(model)  # the outermost block's exit
-    # Unpatched again, generate() keeps the family's own default cache.
-    assert type(model)._supports_default_dynamic_cache()
+
+
+@torch.no_grad()
+def test_after_a_plain_full_call_generate_is_the_unpatched_models():
+    model = tiny_model("llama")
+    ids = _ids(12)
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    sinkwindow.apply(model, "swa:8:2")
+    sinkwindow.apply(model, "full")  # leaves the context subclass, unpatched
+    assert type(model) is not sinkwindow.patch.base_class(model)
+    # generate() builds the family's own default cache again (the patched model builds none).
+    assert model._supports_default_dynamic_cache()
+    torch.testing.assert_close(
+        model.generate(ids, max_new_tokens=6, do_sample=False), expected, atol=0, rtol=0
+    )
 
 
 def test_reapply_switches_spec_and_leaves_config_alone():

@@ -851,7 +851,9 @@ def markdown_report(
     )
     lines += [
         f"Methods: {', '.join(f'`{m}`' for m in methods)}. Seed {cfg.get('seed', '?')}; "
-        f"{cfg.get('samples', '?')} samples per task and length; scores are % correct (0/100 per sample, RULER "
+        # A folder built up in stages holds cells of several n; the config has the last run's.
+        f"the last run asked for {cfg.get('samples', '?')} samples per task and length (each cell gives "
+        "its n); scores are % correct (0/100 per sample, RULER "
         "string match / BABILong compare_answers); recovery = method ÷ full attention.",
         "",
         "Every number has a 95% interval in brackets and its n: Wilson for one task at one length; a "

@@ -413,8 +413,7 @@ def active_native_sliding(model: PreTrainedModel) -> str:
 
 def base_class(model: PreTrainedModel) -> type:
     """The model's own class, under the context-manager subclass ``apply`` swaps in."""
-    state = getattr(model, _STATE_ATTR, None)
-    return state["cls"] if state else _base_of(type(model))
+    return _base_of(type(model))
 
 
 def apply(
@@ -471,7 +470,8 @@ def _apply(
         )
 
     if push:
-        # What a ``with`` block entered with this call returns to (None: full attention).
+        # What a ``with`` block entered with this call returns to (None: full attention); the
+        # implementation too, so a block interrupting one that ran on flex returns to flex.
         model.__dict__[_ENTERED_FROM_ATTR] = (
             (state["spec"], state["native_sliding"], model.config._attn_implementation) if state else None
         )
@@ -492,13 +492,13 @@ def _apply(
     full_kv_heads = _full_kv_heads(model, spec, native_sliding)
     _warn_shrunk_local_windows(model, spec, native_sliding)
 
-    cls = state["cls"] if state else _base_of(type(model))
+    cls = _base_of(type(model))
     name = _attention_name(
         cls, attn_implementation, state["impl"] if state else model.config._attn_implementation
     )
     _register()
     if state is None:
-        state = {"impl": model.config._attn_implementation, "cls": cls}
+        state = {"impl": model.config._attn_implementation}
         setattr(model, _STATE_ATTR, state)
 
     plan = {

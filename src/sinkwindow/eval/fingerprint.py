@@ -63,6 +63,8 @@ __all__ = [
     "lmeval_settings",
     "lmeval_row_settings",
     "lmeval_row_fingerprint",
+    "checkpoint_method",
+    "without_checkpoints",
     "data_files_identity",
 ]
 
@@ -92,6 +94,17 @@ CONTENT_HASH_LIMIT = 64 << 20
 
 def _checkpoint_key(method: str) -> str:
     return f"checkpoint[{method}]"
+
+
+def checkpoint_method(key: str) -> str | None:
+    """The method whose checkpoint a settings key records (``checkpoint[M]`` -> ``M``), else ``None``."""
+    return key[len("checkpoint[") : -1] if key.startswith("checkpoint[") and key.endswith("]") else None
+
+
+def without_checkpoints(settings: dict, methods: Iterable[str]) -> dict:
+    """``settings`` without the recorded checkpoints of ``methods`` (a retrained baseline's rows go)."""
+    drop = {_checkpoint_key(m) for m in methods}
+    return {k: v for k, v in settings.items() if k not in drop}
 
 
 def settings_fingerprint(settings: dict) -> str:

@@ -204,7 +204,7 @@ def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[st
     Raises:
         RunMismatchError: the folder's results were made with other settings, or recorded none.
     """
-    from .fingerprint import conflicts
+    from .fingerprint import checkpoint_method, conflicts, without_checkpoints
 
     run = check_run_dir(run_dir)
     n = _has_rows(run) if run.is_dir() else 0
@@ -217,12 +217,12 @@ def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[st
             f"{run} holds {n} results but no record of the settings they were made with ({FINGERPRINT_FILE}); "
             f"{fix}"
         )
-    old = _forget_methods(recorded["settings"], redo)
+    old = without_checkpoints(recorded["settings"], redo)
     diff = conflicts(old, settings)
     if diff:
         said = ", ".join(f"{k} {_describe(a)} → {_describe(b)}" for k, a, b in diff)
-        only = {key[len("checkpoint[") : -1] for key, *_ in diff if key.startswith("checkpoint[")}
-        if only and len(only) == len(diff):
+        only = {checkpoint_method(key) for key, *_ in diff}
+        if None not in only:
             # A retrained baseline: only its rows need to go.
             fix = f"pass --redo {','.join(sorted(only))} to move its rows aside and run it again, or {fix}"
         raise RunMismatchError(f"{run} holds results made with other settings: {said}; {fix}")
@@ -246,12 +246,6 @@ def check_redo(redo: Collection[str], methods: Collection[str]) -> tuple[str, ..
             f"--redo {','.join(missing)}: not among this run's methods ({', '.join(methods)}); add it to --methods"
         )
     return out
-
-
-def _forget_methods(settings: dict, methods: Collection[str]) -> dict:
-    """``settings`` without the per-method keys (``checkpoint[M]``) of ``methods``."""
-    drop = {f"checkpoint[{m}]" for m in methods}
-    return {k: v for k, v in settings.items() if k not in drop}
 
 
 class RunLock:
@@ -411,21 +405,19 @@ class ResultsStore:
 
     def _move_methods_aside(self, methods: Collection[str]) -> Path | None:
         """Move the rows of ``methods`` to ``previous-<time>/results.jsonl``; forget their checkpoints."""
-        recorded = _read_fingerprint(self.dir)
-        lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+        from .fingerprint import without_checkpoints
 
-        def method_of(line: str) -> str | None:
+        recorded = _read_fingerprint(self.dir)
+        moved: list[str] = []
+        kept: list[str] = []
+        for line in self.path.read_text().splitlines(keepends=True) if self.path.exists() else []:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                return None  # a torn or damaged line stays where read_jsonl reports it
-            return row.get("method") if isinstance(row, dict) else None
-
-        moved = [line for line in lines if method_of(line) in methods]
-        stale = recorded is not None and recorded["settings"] != _forget_methods(
-            recorded["settings"], methods
-        )
-        if not moved and not stale:
+                row = None  # a torn or damaged line stays where read_jsonl reports it
+            (moved if isinstance(row, dict) and row.get("method") in methods else kept).append(line)
+        forgotten = without_checkpoints(recorded["settings"], methods) if recorded is not None else None
+        if not moved and (recorded is None or forgotten == recorded["settings"]):
             return None
         target = self._previous_dir()
         for name in (CONFIG_FILE, FINGERPRINT_FILE):  # what the moved rows were made under
@@ -433,10 +425,10 @@ class ResultsStore:
                 shutil.copy2(self.dir / name, target / name)
         (target / RESULTS_FILE).write_text("".join(moved))
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line for line in lines if method_of(line) not in methods))
+        tmp.write_text("".join(kept))
         tmp.replace(self.path)
-        if recorded is not None:
-            self._write_settings(_forget_methods(recorded["settings"], methods))
+        if forgotten is not None:
+            self._write_settings(forgotten)
         logger.warning(
             "redo %s in %s: its %d previous rows are in %s", ", ".join(methods), self.dir, len(moved), target
         )

@@ -52,6 +52,8 @@ BAD_INPUTS = [
     (["compare", "--workers", "0"], "--workers: must be >= 1, got 0"),
     (["compare", "--workers", "2", "--ray"], "not allowed with argument --workers"),
     (["eval", "niah", "--workers", "-3", "--out", "{tmp}/x"], "must be >= 1"),
+    (["eval", "lm-eval", "--workers", "0", "--out", "{tmp}/x"], "--workers: must be >= 1, got 0"),
+    (["eval", "lm-eval", "--workers", "--ray", "--out", "{tmp}/x"], "not allowed with argument"),
     (["compare", "--methods", ""], "give at least one method spec"),
     (["compare", "--methods", "full,,swa:64:4"], "single commas"),
     (["compare", "--methods", "full", "--method", "full"], "full is given twice"),

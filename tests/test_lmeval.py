@@ -500,17 +500,19 @@ def test_an_lm_eval_resume_with_another_setting_refuses_naming_it(
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing touched
 
 
-def test_an_lm_eval_resume_with_another_checkpoint_refuses(fixtures, tiny_model_dir, tmp_path):
-    import copy
-
+def _tiny_checkpoint(model_dir: Path, folder: Path, seed: int = 3) -> str:
+    """An untrained ``lolcats:16`` checkpoint of the tiny model (its init depends on ``seed``)."""
     import sinkwindow
     from sinkwindow.linear import convert, save_checkpoint
 
-    model, _ = sinkwindow.load(str(tiny_model_dir))
-    ckpts = []
-    for seed in (3, 11):  # two untrained LoLCATs checkpoints that differ only in their init
-        trained = convert(copy.deepcopy(model), "lolcats:16", init="kaiming", seed=seed)
-        ckpts.append(str(save_checkpoint(trained, tmp_path / f"seed{seed}.safetensors")))
+    model, _ = sinkwindow.load(str(model_dir))
+    converted = convert(model, "lolcats:16", init="kaiming", seed=seed)
+    return str(save_checkpoint(converted, folder / f"seed{seed}.safetensors"))
+
+
+def test_an_lm_eval_resume_with_another_checkpoint_refuses(fixtures, tiny_model_dir, tmp_path):
+    # Two untrained LoLCATs checkpoints that differ only in their init.
+    ckpts = [_tiny_checkpoint(tiny_model_dir, tmp_path, seed) for seed in (3, 11)]
     out = tmp_path / "run"
     rows = _piqa(tiny_model_dir, fixtures, out, methods=["lolcats:16"], checkpoints=ckpts[0])
     assert [r["method"] for r in rows] == ["lolcats:16"]
@@ -574,6 +576,29 @@ def test_batch_size_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path)
     assert [{k: v for k, v in r.items() if k not in timing} for r in fresh] == [
         {k: v for k, v in r.items() if k not in timing} for r in again
     ]
+
+
+def test_two_local_workers_give_the_serial_rows(piqa_run, fixtures, tiny_model_dir, tmp_path):
+    """Pairs spread over two worker processes (each loading its own copy, one switching to a trained
+    baseline) give the serial run's rows, in plan order; only the driver writes, and a serial
+    resume of the folder reuses every row."""
+    timing = ("seconds", "time")
+    ckpt = _tiny_checkpoint(tiny_model_dir, tmp_path)
+    serial = _piqa(tiny_model_dir, fixtures, tmp_path / "serial", methods=["full", "swa:8:2", "lolcats:16"],
+                   checkpoints={"lolcats:16": ckpt})  # fmt: skip
+    out = tmp_path / "workers"
+    spread = _piqa(tiny_model_dir, fixtures, out, methods=["full", "swa:8:2", "lolcats:16"],
+                   checkpoints={"lolcats:16": ckpt}, workers=2)  # fmt: skip
+    assert [(r["task"], r["method"]) for r in spread] == [("piqa", m) for m in ("full", "swa:8:2", "lolcats:16")]
+    assert [{k: v for k, v in r.items() if k not in timing} for r in spread] == [
+        {k: v for k, v in r.items() if k not in timing} for r in serial
+    ]
+    assert json.loads((out / "config.json").read_text())["workers"] == 2
+    written = (out / "results.jsonl").read_text()
+    assert len(written.splitlines()) == 3
+    again = _piqa(tiny_model_dir, fixtures, out, methods=["full", "swa:8:2", "lolcats:16"],
+                  checkpoints={"lolcats:16": ckpt})  # fmt: skip
+    assert again == spread and (out / "results.jsonl").read_text() == written
 
 
 def test_a_device_map_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path):

@@ -676,6 +676,38 @@ def add_new_run(p: argparse.ArgumentParser) -> None:
     )
 
 
+def workers(text: str) -> int | str:
+    """``--workers N``: a count >= 1, or ``auto`` (one per core)."""
+    if text == "auto":
+        return text
+    return integer(1, what="--workers")(text)
+
+
+def add_scheduler(p: argparse.ArgumentParser, *, unit: str = "cells") -> None:
+    """``--workers [N]`` or ``--ray [ADDRESS]``: where the units of work run
+    (``eval.scheduler.make_scheduler``); neither: one after another in this process."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--workers",
+        nargs="?",
+        const="auto",
+        default=None,
+        type=workers,
+        metavar="N",
+        help=f"run {unit} in N local worker processes, one model copy and one torch thread each "
+        "(no N: one per core); results are the same as a serial run",
+    )
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="ADDRESS",
+        help=f"run {unit} as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray instance); "
+        "needs pip install 'sinkwindow[ray]'",
+    )
+
+
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     found = []
     for action in parser._actions:

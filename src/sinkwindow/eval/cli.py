@@ -129,37 +129,12 @@ def _add_common(
     cli_args.add_threads(p, help=cli_args.THREADS_HELP + "; workers of --workers/--ray get their own")
     cli_args.add_no_progress(p)
     cli_args.add_new_run(p)
-    sched = p.add_mutually_exclusive_group()
-    sched.add_argument(
-        "--workers",
-        nargs="?",
-        const="auto",
-        default=None,
-        type=_workers,
-        metavar="N",
-        help="run cells in N local worker processes, one model copy and one torch thread each "
-        "(no N: one per core); results are the same as a serial run",
-    )
-    sched.add_argument(
-        "--ray",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="ADDRESS",
-        help="run cells as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray instance); "
-        "needs pip install 'sinkwindow[ray]'",
-    )
+    cli_args.add_scheduler(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
         help="print the cells, estimated tokens and GPU-hours of this sweep, and run nothing",
     )
-
-
-def _workers(text: str) -> int | str:
-    if text == "auto":
-        return text
-    return cli_args.integer(1, what="--workers")(text)
 
 
 def _dry_run(cfgs: list) -> int:
@@ -387,6 +362,8 @@ def _short_tasks(args, cfg, model_tok, out: Path, *, check_only: bool = False) -
         new_run=args.new_run,  # run_eval moved OUT/short aside already; this keeps the two in step
         redo=args.redo,
         check_only=check_only,
+        workers=cfg.workers,
+        ray=cfg.ray,
     )
     if check_only:
         return []

@@ -181,6 +181,8 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
         resume=not args.no_resume,
         new_run=args.new_run,
         redo=args.redo,
+        workers=args.workers,
+        ray=args.ray,
     )
     md, data = recovery_table(rows)
     print(md)
@@ -251,7 +253,8 @@ def register_lmeval_subcommand(eval_subparsers: argparse._SubParsersAction) -> a
         default=DEFAULT_MAX_BATCH_TOKENS,
         help="cap batch size x prompt tokens, 0 for none (default: %(default)s)",
     )
-    cli_args.add_threads(p, help=cli_args.THREADS_HELP)
+    cli_args.add_threads(p, help=cli_args.THREADS_HELP + "; workers of --workers/--ray get their own")
+    cli_args.add_scheduler(p, unit="(task, method) pairs")
     cli_args.add_no_resume(
         p, help="rerun pairs already in results.jsonl (same settings; the table uses the latest)"
     )

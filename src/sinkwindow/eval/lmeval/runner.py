@@ -1,4 +1,8 @@
-"""``run_lmeval``: every (task, method) pair through lm-eval on one loaded model, one row each.
+"""``run_lmeval``: every (task, method) pair through lm-eval, one row each.
+
+Each pair is a cell (``eval/scheduler.py``): by default they run one after another on one loaded
+model, switched between methods in place; ``workers`` / ``ray`` spread them over processes that
+each load their own copy. Only the calling process writes rows.
 
 Rows go through the same results store as the long-context evaluation (``eval/results.py``):
 ``OUT/results.jsonl`` with ``fingerprint.json`` (the settings that can change an lm-eval row,
@@ -11,6 +15,7 @@ old rows aside and starts over in place. Unreadable lines are skipped with a war
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import math
 import os
@@ -23,6 +28,15 @@ from typing import Any
 
 from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
 from ..results import ResultsStore, RunLock, check_redo, check_resume, check_run_dir, row_key
+from ..scheduler import (
+    Cell,
+    CellJob,
+    CellsFailedError,
+    Scheduler,
+    SerialScheduler,
+    _PickledModel,
+    make_scheduler,
+)
 from .constants import (
     DEFAULT_MAX_BATCH_TOKENS,
     SHORT_TASKS,
@@ -215,12 +229,15 @@ def run_lmeval(
     redo: Sequence[str] = (),
     check_only: bool = False,
     model_and_tokenizer: tuple[Any, Any] | None = None,
+    workers: int | str | None = None,
+    ray: str | bool | None = None,
 ) -> list[dict]:
     """Evaluate every (task, method) pair with lm-eval; one row each, appended to ``OUT/results.jsonl``.
 
     One model is loaded (or ``model_and_tokenizer`` used) and switched between methods in place:
     patched with :func:`sinkwindow.apply`, or converted to a trained linear baseline with its
     checkpoint and reverted afterwards. A passed-in model is left running the method it came with.
+    With ``workers`` or ``ray``, each worker process does the same on its own copy.
 
     With ``out_dir``, the rows go through the results store: every row carries ``fingerprint``,
     the hash of the settings that can change it (``fingerprint.lmeval_settings``), recorded in
@@ -254,7 +271,13 @@ def run_lmeval(
             checkpoints are forgotten (a retrained baseline); other rows are kept.
         check_only: stop after checking that ``out_dir`` can resume with these settings
             (raising like a real run would), before anything loads or runs; returns ``[]``.
-        model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading ``model_name``.
+        model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading ``model_name``
+            (workers each get a pickled copy of it).
+        workers: run the pairs in local worker processes (``eval/scheduler.py``), each loading
+            its own model copy with one torch thread: a count, or ``"auto"`` (one per core).
+            Rows are the same as a serial run's and only this process writes them; neither this
+            nor ``ray`` is part of the fingerprint.
+        ray: run the pairs as Ray tasks: ``True`` (a local instance) or a cluster address.
 
     Returns:
         The rows of all requested pairs (reused ones included), in run order::
@@ -326,22 +349,31 @@ def run_lmeval(
         max_length=max_length,
         bootstrap_iters=bootstrap_iters,
     )
-    run = _Pairs(
+    import lm_eval
+
+    pairs = _Pairs(
         model_name=model_name,
         specs=specs,
         plan=plan,
         settings=settings,
         data_path=data_path,
         checkpoints=checkpoints,
-        model_and_tokenizer=model_and_tokenizer,
         lm_kwargs={"batch_size": batch_size, "max_length": max_length, "max_batch_tokens": max_batch_tokens},
-        device=device,
+        device=device if given is None else settings["device"],
         device_map=device_map,
         dtype=dtype,
         bootstrap_iters=bootstrap_iters,
+        came_with=None if given is None else str(sinkwindow.active_spec(given)),
+        source="local" if local else "hub",
+        version=getattr(lm_eval, "__version__", "unknown"),
     )
+    scheduler = make_scheduler(workers, ray, model_and_tokenizer=model_and_tokenizer)
+    load = pairs.load()
+    if model_and_tokenizer is not None and not isinstance(scheduler, SerialScheduler):
+        load = _PickledModel(model_and_tokenizer)  # each worker gets its own copy to switch
+    job = CellJob(pairs, load=load, cell_fn=_run_pair, close=functools.partial(_hand_back, pairs))
     if out_dir is None:
-        return run.run(None, resume=False)
+        return _run_pairs(pairs, scheduler, job, None, resume=False)
     out = check_run_dir(out_dir)
     redo = check_redo(redo, specs)
     if not new_run:
@@ -362,6 +394,8 @@ def run_lmeval(
         "device": device if given is None else settings["device"],
         "device_map": device_map if given is None else None,
         "dtype": dtype if given is None else settings["dtype"],
+        "workers": workers,
+        "ray": ray,
     }
     with RunLock(out):
         store = ResultsStore(out, config, settings=settings, new_run=new_run, redo=redo)
@@ -371,14 +405,17 @@ def run_lmeval(
                 if (out / name).exists():
                     shutil.move(str(out / name), str(store.previous / name))
         store.select({_pair_key(model_name, name, spec) for name, *_ in plan for spec in specs})
-        rows = run.run(store, resume=resume)
+        rows = _run_pairs(pairs, scheduler, job, store, resume=resume)
         write_table(out, rows=store.rows())
     return rows
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Pairs:
-    """The (task, method) pairs of one ``run_lmeval`` call and what runs them."""
+    """The (task, method) pairs of one ``run_lmeval`` call: what every process running them needs.
+
+    It travels to local and Ray workers as the ``CellJob`` config, so it holds no model.
+    """
 
     model_name: str
     specs: list[str]
@@ -386,94 +423,129 @@ class _Pairs:
     settings: dict
     data_path: Path | None
     checkpoints: Mapping[str, str] | str | None
-    model_and_tokenizer: tuple[Any, Any] | None
     lm_kwargs: dict
     device: str
     device_map: str | dict | None
     dtype: Any
     bootstrap_iters: int
+    came_with: str | None = None  # the method a caller's model runs, handed back at the end
+    source: str = "hub"
+    version: str = "unknown"
 
-    def _model(self, lm, spec: str, ckpt: str | None):
-        """The lm-eval model running ``spec``: built on first use, then switched in place."""
-        from .model import SinkWindowLM
-
-        if lm is None and self.model_and_tokenizer is not None:
-            given, tok = self.model_and_tokenizer
-            return SinkWindowLM(
-                pretrained=given, tokenizer=tok, method=spec, checkpoint=ckpt, **self.lm_kwargs
-            )
-        if lm is None:
-            return SinkWindowLM(
-                pretrained=self.model_name, method=spec, checkpoint=ckpt, device=self.device,
-                device_map=self.device_map, dtype=self.dtype, **self.lm_kwargs,
-            )  # fmt: skip
-        if lm.method != spec:
-            lm.set_method(spec, ckpt)
-        return lm
-
-    def run(self, store: ResultsStore | None, resume: bool) -> list[dict]:
-        """Every pair's row, in plan order; pairs ``store`` holds (same fingerprint) are reused
-        unless ``resume`` is off, and new rows are appended to it as each pair finishes."""
-        import lm_eval
-
+    def load(self):
+        """``() -> (model, tokenizer)``: ``model_name`` as ``sinkwindow.load`` places it; picklable."""
         import sinkwindow
 
-        from .model import switch_method
+        from .model import resolve_dtype
 
-        done: dict[tuple, dict] = {}
-        if store is not None and resume:
-            for r in store.all_rows():
-                if r.get("suite") == SUITE:
-                    done[(row_key(r), r.get("fingerprint"))] = r  # the latest row of a pair wins
-        source = "hub" if self.data_path is None else "local"
-        version = getattr(lm_eval, "__version__", "unknown")
-        batch_size = self.lm_kwargs["batch_size"]
-        given = self.model_and_tokenizer[0] if self.model_and_tokenizer is not None else None
-        came_with = str(sinkwindow.active_spec(given)) if given is not None else None
-        rows: list[dict] = []
-        lm = tm = None
-        try:
-            # Task-major order, switching methods on one model in between: an interrupted run still
-            # holds complete (full, method) pairs for the tasks it finished.
-            for name, lm_task, shots, lim, files in self.plan:
-                for spec in self.specs:
-                    fp = lmeval_row_fingerprint(self.settings, name, spec)
-                    reused = done.get((_pair_key(self.model_name, name, spec), fp))
-                    if reused is not None:
-                        logger.info("reusing %s / %s from %s", name, spec, store.path)
-                        rows.append(reused)
-                        continue
-                    lm = self._model(lm, spec, _checkpoint_for(self.checkpoints, spec))
-                    if tm is None:
-                        tm = _task_manager(self.data_path)
-                    row = _evaluate(lm, tm, lm_task, shots, lim, self.bootstrap_iters, batch_size)
-                    row.update(
-                        {
-                            "suite": SUITE,
-                            "model": self.model_name,
-                            "task": name,
-                            "method": spec,
-                            "limit": lim,
-                            "num_fewshot": shots,
-                            "source": source,
-                            "lm_eval_task": lm_task,
-                            "batch_size": batch_size,
-                            "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                            "lm_eval_version": version,
-                            "fingerprint": fp,
-                        }
+        placement = (
+            {"device_map": self.device_map} if self.device_map is not None else {"device": self.device}
+        )
+        return functools.partial(
+            sinkwindow.load, self.model_name, dtype=resolve_dtype(self.dtype), **placement
+        )
+
+    def cells(self, done: Mapping[tuple, dict]) -> tuple[list[Cell], dict[tuple, dict]]:
+        """``(cells to run, rows reused)``: one cell per pair ``done`` lacks, task-major, so an
+        interrupted run still holds complete (full, method) pairs for the tasks it finished."""
+        cells, reused = [], {}
+        for name, *_ in self.plan:
+            for spec in self.specs:
+                fp = lmeval_row_fingerprint(self.settings, name, spec)
+                row = done.get((_pair_key(self.model_name, name, spec), fp))
+                if row is not None:
+                    reused[(name, spec)] = row
+                else:
+                    cells.append(
+                        Cell(self.model_name, spec, name, length=0, seed=0, indices=(0,), fingerprint=fp)
                     )
-                    if files is not None:
-                        row["data"] = {split: str(path) for split, path in files.items()}
-                    if store is not None:
-                        store.append(row)
-                        write_table(store.dir, rows=store.rows())
-                    rows.append(row)
-                    logger.info(
-                        "%s / %s: %s = %.4f (n=%d, %.0fs)",
-                        name, spec, row["metric"], row["value"], row["n"], row["seconds"],
-                    )  # fmt: skip
-        finally:
-            if given is not None and lm is not None:
-                switch_method(given, came_with)  # hand the caller's model back as it came
-        return rows
+        return cells, reused
+
+
+def _run_pair(pairs: _Pairs, cell: Cell, model_and_tokenizer: tuple, state: dict) -> list[dict]:
+    """One (task, method) pair through lm-eval (a ``CellJob.cell_fn``): its row, in a list.
+
+    ``state`` keeps the lm-eval model and task manager of this model copy, so later pairs switch
+    the method in place (patch, restore, or convert a trained baseline) instead of reloading.
+    """
+    from .model import SinkWindowLM
+
+    spec, name = cell.method, cell.task
+    _, lm_task, shots, lim, files = next(p for p in pairs.plan if p[0] == name)
+    ckpt = _checkpoint_for(pairs.checkpoints, spec)
+    lm = state.get("lm")
+    if lm is None:
+        model, tok = model_and_tokenizer
+        lm = state["lm"] = SinkWindowLM(
+            pretrained=model, tokenizer=tok, method=spec, checkpoint=ckpt, **pairs.lm_kwargs
+        )
+    elif lm.method != spec:
+        lm.set_method(spec, ckpt)
+    if "tm" not in state:
+        state["tm"] = _task_manager(pairs.data_path)
+    batch_size = pairs.lm_kwargs["batch_size"]
+    row = _evaluate(lm, state["tm"], lm_task, shots, lim, pairs.bootstrap_iters, batch_size)
+    row.update(
+        {
+            "suite": SUITE,
+            "model": pairs.model_name,
+            "task": name,
+            "method": spec,
+            "limit": lim,
+            "num_fewshot": shots,
+            "source": pairs.source,
+            "lm_eval_task": lm_task,
+            "batch_size": batch_size,
+            "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "lm_eval_version": pairs.version,
+            "fingerprint": cell.fingerprint,
+        }
+    )
+    if files is not None:
+        row["data"] = {split: str(path) for split, path in files.items()}
+    return [row]
+
+
+def _hand_back(pairs: _Pairs, model_and_tokenizer: tuple, state: dict) -> None:
+    """Leave a caller's model running the method it came with (``CellJob.close``)."""
+    from .model import switch_method
+
+    if "lm" in state and pairs.came_with is not None:
+        switch_method(model_and_tokenizer[0], pairs.came_with)
+
+
+def _run_pairs(
+    pairs: _Pairs,
+    scheduler: Scheduler,
+    job: CellJob,
+    store: ResultsStore | None,
+    resume: bool,
+) -> list[dict]:
+    """Every pair's row, in plan order; pairs ``store`` holds (same fingerprint) are reused unless
+    ``resume`` is off, and new rows are appended to it (by this process) as each pair finishes."""
+    done: dict[tuple, dict] = {}
+    if store is not None and resume:
+        for r in store.all_rows():
+            if r.get("suite") == SUITE:
+                done[(row_key(r), r.get("fingerprint"))] = r  # the latest row of a pair wins
+    cells, rows = pairs.cells(done)
+    for name, spec in rows:
+        logger.info("reusing %s / %s from %s", name, spec, store.path)
+
+    def on_result(cell: Cell, out: list[dict]) -> None:
+        (row,) = out
+        if store is not None:
+            store.append(row)
+            write_table(store.dir, rows=store.rows())
+        rows[(cell.task, cell.method)] = row
+        logger.info(
+            "%s / %s: %s = %.4f (n=%d, %.0fs)",
+            cell.task, cell.method, row["metric"], row["value"], row["n"], row["seconds"],
+        )  # fmt: skip
+
+    if cells and not isinstance(scheduler, SerialScheduler):
+        logger.warning("%s", scheduler.describe(len(cells)))
+    failures = scheduler.run(job, cells, on_result) if cells else []
+    if failures:
+        raise CellsFailedError(failures)
+    return [rows[(name, spec)] for name, *_ in pairs.plan for spec in pairs.specs]

@@ -589,7 +589,9 @@ def test_two_local_workers_give_the_serial_rows(piqa_run, fixtures, tiny_model_d
     out = tmp_path / "workers"
     spread = _piqa(tiny_model_dir, fixtures, out, methods=["full", "swa:8:2", "lolcats:16"],
                    checkpoints={"lolcats:16": ckpt}, workers=2)  # fmt: skip
-    assert [(r["task"], r["method"]) for r in spread] == [("piqa", m) for m in ("full", "swa:8:2", "lolcats:16")]
+    assert [(r["task"], r["method"]) for r in spread] == [
+        ("piqa", m) for m in ("full", "swa:8:2", "lolcats:16")
+    ]
     assert [{k: v for k, v in r.items() if k not in timing} for r in spread] == [
         {k: v for k, v in r.items() if k not in timing} for r in serial
     ]

@@ -543,8 +543,6 @@ def _run_pairs(
             cell.task, cell.method, row["metric"], row["value"], row["n"], row["seconds"],
         )  # fmt: skip
 
-    if cells and not isinstance(scheduler, SerialScheduler):
-        logger.warning("%s", scheduler.describe(len(cells)))
     failures = scheduler.run(job, cells, on_result) if cells else []
     if failures:
         raise CellsFailedError(failures)

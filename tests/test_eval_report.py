@@ -114,6 +114,18 @@ def test_differences_larger_than_noise_are_said_in_words(rows):
     assert "fewer than" not in md
 
 
+def test_the_header_names_every_method_the_rows_hold_and_what_the_last_run_asked(rows):
+    """A folder built up in stages: the last run asked for one method, the rows hold three."""
+    s = summarize(rows)
+    md = markdown_report(s, {"model": "m", "methods": ["lolcats:256"], "samples": 10}, [])
+    assert "Methods: `full`, `swa:256:4`, `lolcats:256`." in md
+    assert "the last run asked for `lolcats:256` at 10 samples per task and length" in md
+    same = markdown_report(
+        s, {"model": "m", "methods": ["full", "swa:256:4", "lolcats:256"], "samples": 10}, []
+    )
+    assert "the last run asked for 10 samples per task and length" in same
+
+
 def test_small_cells_get_a_caution():
     r = niah("full", 1024, [1] * 6) + niah("swa:256:4", 1024, [0] * 6)
     md = markdown_report(summarize(r), {}, [])

@@ -846,13 +846,14 @@ def markdown_report(
     """The report page; ``notes`` (one line each) go right after the introduction."""
     cfg = config or {}
     lines = [f"# sinkwindow report: {cfg.get('model', '?')}", ""]
-    methods = cfg.get("methods") or _order_methods(
-        set(s["ppl"]) | {m for f in s["accuracy"].values() for m in f}
-    )
+    # The methods the rows hold: a folder built up in stages holds more than its last run asked for
+    # (the config has that run's methods and samples), and cells of several n.
+    methods = _order_methods(set(s["ppl"]) | {m for f in s["accuracy"].values() for m in f})
+    asked = list(cfg.get("methods") or [])
+    which = f"{', '.join(f'`{m}`' for m in asked)} at " if asked and asked != methods else ""
     lines += [
-        f"Methods: {', '.join(f'`{m}`' for m in methods)}. Seed {cfg.get('seed', '?')}; "
-        # A folder built up in stages holds cells of several n; the config has the last run's.
-        f"the last run asked for {cfg.get('samples', '?')} samples per task and length (each cell gives "
+        f"Methods: {', '.join(f'`{m}`' for m in methods or asked)}. Seed {cfg.get('seed', '?')}; "
+        f"the last run asked for {which}{cfg.get('samples', '?')} samples per task and length (each cell gives "
         "its n); scores are % correct (0/100 per sample, RULER "
         "string match / BABILong compare_answers); recovery = method ÷ full attention.",
         "",

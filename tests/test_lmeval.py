@@ -416,6 +416,21 @@ def test_run_lmeval_reuses_a_loaded_model_and_hands_it_back(fixtures, tiny_model
         )
 
 
+def test_hflm_loaded_model_warnings_are_dropped_and_others_kept(caplog):
+    """SinkWindowLM always hands HFLM a loaded model: HFLM's two warnings about that are noise."""
+    import logging
+
+    from sinkwindow.eval.lmeval.model import quiet_lm_eval_notices
+
+    quiet_lm_eval_notices()
+    hf = logging.getLogger("lm_eval.models.huggingface")
+    with caplog.at_level(logging.WARNING, logger=hf.name):
+        hf.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments ...")
+        hf.warning("Passed an already-initialized model through `pretrained`, assuming ...")
+        hf.warning("some other warning")
+    assert [r.getMessage() for r in caplog.records if r.name == hf.name] == ["some other warning"]
+
+
 def test_importing_the_package_registers_the_model_with_lm_eval():
     """A fresh interpreter: ``import sinkwindow.eval.lmeval`` is all ``get_model("sinkwindow")`` needs,
     lm-eval's own models stay registered, and HFLM is imported only when the model is asked for."""

@@ -32,12 +32,27 @@ def _drop_custom_dataset_notice(record: logging.LogRecord) -> bool:
     return "Custom kwargs can be passed to `--metadata`" not in str(record.msg)
 
 
-def quiet_custom_dataset_notice() -> None:
-    """Drop lm-eval's notice that a custom_dataset task takes ``--metadata``: it comes once per
-    task, 57 times for MMLU."""
+# HFLM warns whenever it is given a loaded model; SinkWindowLM always gives it one (the model
+# sinkwindow.load built, running a method), so the warnings say nothing to our users.
+_LOADED_MODEL_NOTICES = (
+    "`pretrained` model kwarg is not of type `str`",
+    "Passed an already-initialized model",
+)
+
+
+def _drop_loaded_model_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_LOADED_MODEL_NOTICES)
+
+
+def quiet_lm_eval_notices() -> None:
+    """Drop lm-eval's notice that a custom_dataset task takes ``--metadata`` (it comes once per
+    task, 57 times for MMLU) and HFLM's warnings about being given a loaded model."""
     task_logger = logging.getLogger("lm_eval.api.task")
     if _drop_custom_dataset_notice not in task_logger.filters:
         task_logger.addFilter(_drop_custom_dataset_notice)
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    if _drop_loaded_model_notice not in hf_logger.filters:
+        hf_logger.addFilter(_drop_loaded_model_notice)
 
 
 def resolve_device(device: str | None) -> str:
@@ -195,8 +210,8 @@ class SinkWindowLM(HFLM):
 
 def register() -> type:
     """:class:`SinkWindowLM`, registered as lm-eval model ``sinkwindow`` (importing this module did that)."""
-    quiet_custom_dataset_notice()
+    quiet_lm_eval_notices()
     return SinkWindowLM
 
 
-quiet_custom_dataset_notice()
+quiet_lm_eval_notices()

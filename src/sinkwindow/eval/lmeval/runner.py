@@ -73,9 +73,9 @@ def short_data_available(data_dir: str | os.PathLike | None) -> bool:
 def _task_manager(data_dir: Path | None):
     from lm_eval.tasks import TaskManager
 
-    from .model import quiet_custom_dataset_notice
+    from .model import quiet_lm_eval_notices
 
-    quiet_custom_dataset_notice()
+    quiet_lm_eval_notices()
     if data_dir is None:
         return TaskManager()
     # Only our folder: indexing lm-eval's thousands of stock YAMLs costs seconds and is not needed.

@@ -368,7 +368,7 @@ def run_lmeval(
         version=getattr(lm_eval, "__version__", "unknown"),
     )
     scheduler = make_scheduler(workers, ray, model_and_tokenizer=model_and_tokenizer)
-    load = pairs.load()
+    load = pairs.loader()
     if model_and_tokenizer is not None and not isinstance(scheduler, SerialScheduler):
         load = _PickledModel(model_and_tokenizer)  # each worker gets its own copy to switch
     job = CellJob(pairs, load=load, cell_fn=_run_pair, close=functools.partial(_hand_back, pairs))
@@ -391,7 +391,7 @@ def run_lmeval(
         "batch_size": batch_size,
         "max_batch_tokens": max_batch_tokens,
         "max_length": max_length,
-        "device": device if given is None else settings["device"],
+        "device": pairs.device,
         "device_map": device_map if given is None else None,
         "dtype": dtype if given is None else settings["dtype"],
         "workers": workers,
@@ -432,7 +432,7 @@ class _Pairs:
     source: str = "hub"
     version: str = "unknown"
 
-    def load(self):
+    def loader(self):
         """``() -> (model, tokenizer)``: ``model_name`` as ``sinkwindow.load`` places it; picklable."""
         import sinkwindow
 
@@ -447,7 +447,8 @@ class _Pairs:
 
     def cells(self, done: Mapping[tuple, dict]) -> tuple[list[Cell], dict[tuple, dict]]:
         """``(cells to run, rows reused)``: one cell per pair ``done`` lacks, task-major, so an
-        interrupted run still holds complete (full, method) pairs for the tasks it finished."""
+        interrupted serial run still holds complete (full, method) pairs for the tasks it finished
+        (local workers prefer cells of the method they already run)."""
         cells, reused = [], {}
         for name, *_ in self.plan:
             for spec in self.specs:

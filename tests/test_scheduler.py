@@ -243,6 +243,18 @@ def test_scheduler_choice_and_bad_values(model_dir):
     assert LocalScheduler("auto", cores=2).sizes(10) == (2, 1)
     assert LocalScheduler(4, cores=2).sizes(10) == (4, 1)
     assert "2 local worker" in LocalScheduler("auto", cores=2).describe(10)
+    assert make_scheduler(workers=2).keep_method and not make_scheduler(workers=2, keep_method=False).keep_method
+
+
+def test_a_free_worker_keeps_its_method_only_when_asked():
+    from sinkwindow.eval.scheduler import Cell, _next_cell
+
+    # Task-major plan: (a, full), (a, linear), (b, full), (b, linear).
+    cells = [Cell("m", method, task, 0, 0, (0,)) for task in "ab" for method in ("full", "linear")]
+    pending = [1, 2, 3]  # a worker just finished (a, full)
+    assert _next_cell(pending, cells, "full") == 2  # affinity: skips ahead to (b, full)
+    assert _next_cell(pending, cells, None) == 1  # plan order: (a, linear), full's partner
+    assert _next_cell(pending, cells, "evict") == 1  # no cell of its method: the first pending
 
 
 def test_sweep_plan_counts_tokens_and_prices_them_with_its_assumptions(model_dir):

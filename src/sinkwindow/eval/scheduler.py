@@ -276,6 +276,12 @@ def _drain(conn) -> list:
     return out
 
 
+def _next_cell(pending: Sequence[int], cells: Sequence[Cell], method: str | None) -> int:
+    """The pending cell (an index into ``cells``) a free worker runs next: the first of ``method``
+    when there is one, else the first pending; ``method=None``: always the first (plan order)."""
+    return next((i for i in pending if cells[i].method == method), pending[0])
+
+
 @dataclass
 class _Worker:
     proc: Any
@@ -292,6 +298,10 @@ class LocalScheduler(Scheduler):
         threads: torch threads per worker; ``None``: the cores divided among the workers (at least 1).
         max_retries: tries after the first for a cell whose worker died or that raised.
         cores: the cores to plan for; ``None``: :func:`available_cores`.
+        keep_method: hand a free worker the first pending cell of the method it last ran, when
+            there is one (a switch into a linear baseline converts the model: worth saving when
+            cells take seconds). ``False``: always the first pending cell, so cells start in plan
+            order (cells that take minutes, where a stopped run should hold whole plan prefixes).
     """
 
     def __init__(
@@ -301,6 +311,7 @@ class LocalScheduler(Scheduler):
         threads: int | None = None,
         max_retries: int = DEFAULT_RETRIES,
         cores: int | None = None,
+        keep_method: bool = True,
     ):
         if workers != "auto" and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
             raise ValueError(f"workers must be a positive integer or 'auto', got {workers!r}")
@@ -312,6 +323,7 @@ class LocalScheduler(Scheduler):
         self.threads = threads
         self.max_retries = max_retries
         self.cores = cores or available_cores()
+        self.keep_method = keep_method
 
     def sizes(self, n_cells: int) -> tuple[int, int]:
         """``(workers, torch threads each)`` for ``n_cells`` cells."""
@@ -368,9 +380,7 @@ class LocalScheduler(Scheduler):
                 pending.appendleft(idx)
 
         def assign(w: _Worker) -> None:
-            # Prefer a cell of the method the worker already runs: switching a linear baseline
-            # in converts the model.
-            pick = next((i for i in pending if cells[i].method == w.method), pending[0])
+            pick = _next_cell(pending, cells, w.method if self.keep_method else None)
             pending.remove(pick)
             try:
                 w.conn.send((pick, cells[pick]))
@@ -584,6 +594,7 @@ def make_scheduler(
     ray: str | bool | None = None,
     *,
     model_and_tokenizer: tuple | None = None,
+    keep_method: bool = True,
 ) -> Scheduler:
     """The scheduler ``--workers N`` / ``--ray [ADDRESS]`` ask for; neither: :class:`SerialScheduler`.
 
@@ -591,6 +602,7 @@ def make_scheduler(
         workers: ``None``: serial; ``"auto"`` or a count: :class:`LocalScheduler`.
         ray: ``True`` (a local instance) or an address: :class:`RayScheduler`.
         model_and_tokenizer: the serial scheduler's model.
+        keep_method: :class:`LocalScheduler`'s method affinity (``False``: plan order).
 
     Raises:
         ValueError: both asked for.
@@ -601,5 +613,5 @@ def make_scheduler(
     if ray not in (None, False):
         return RayScheduler(None if ray is True else str(ray))
     if workers is not None:
-        return LocalScheduler(workers)
+        return LocalScheduler(workers, keep_method=keep_method)
     return SerialScheduler(model_and_tokenizer)

@@ -367,7 +367,9 @@ def run_lmeval(
         source="local" if local else "hub",
         version=getattr(lm_eval, "__version__", "unknown"),
     )
-    scheduler = make_scheduler(workers, ray, model_and_tokenizer=model_and_tokenizer)
+    # A pair runs for minutes and a method switch costs seconds: start pairs in plan order (no
+    # method affinity), so a stopped run holds full's row beside every other method's.
+    scheduler = make_scheduler(workers, ray, model_and_tokenizer=model_and_tokenizer, keep_method=False)
     load = pairs.loader()
     if model_and_tokenizer is not None and not isinstance(scheduler, SerialScheduler):
         load = _PickledModel(model_and_tokenizer)  # each worker gets its own copy to switch
@@ -447,8 +449,8 @@ class _Pairs:
 
     def cells(self, done: Mapping[tuple, dict]) -> tuple[list[Cell], dict[tuple, dict]]:
         """``(cells to run, rows reused)``: one cell per pair ``done`` lacks, task-major, so an
-        interrupted serial run still holds complete (full, method) pairs for the tasks it finished
-        (local workers prefer cells of the method they already run)."""
+        interrupted run still holds complete (full, method) pairs for the tasks it finished (the
+        scheduler starts cells in this order: see ``_run_pairs``' caller)."""
         cells, reused = [], {}
         for name, *_ in self.plan:
             for spec in self.specs:

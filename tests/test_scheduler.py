@@ -243,7 +243,8 @@ def test_scheduler_choice_and_bad_values(model_dir):
     assert LocalScheduler("auto", cores=2).sizes(10) == (2, 1)
     assert LocalScheduler(4, cores=2).sizes(10) == (4, 1)
     assert "2 local worker" in LocalScheduler("auto", cores=2).describe(10)
-    assert make_scheduler(workers=2).keep_method and not make_scheduler(workers=2, keep_method=False).keep_method
+    assert make_scheduler(workers=2).keep_method
+    assert not make_scheduler(workers=2, keep_method=False).keep_method
 
 
 def test_a_free_worker_keeps_its_method_only_when_asked():

@@ -230,6 +230,26 @@ def test_cli_babilong_facts_flags(tiny_pair, tmp_path, capsys):
     assert build_parser().parse_args(["compare"]).babilong_facts == "real"
 
 
+def test_cli_says_what_a_resume_has_left(tiny_pair, tmp_path, capsys):
+    from sinkwindow.cli import main
+
+    model, tok = tiny_pair
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    out = tmp_path / "run"
+    base = ["eval", "babilong", "--model", str(tmp_path / "model"), "--methods", "full"]
+    base += ["--tasks", "babilong_qa2", "--lengths", "0", "--no-progress", "--out", str(out)]
+    assert main([*base, "--samples", "1"]) == 0
+    assert (
+        f"running 1 sample(s) (0 row(s) already in {out}): 1 cell(s) in this process"
+        in capsys.readouterr().err
+    )
+    assert main([*base, "--samples", "3"]) == 0
+    assert f"running 2 sample(s) (1 row(s) already in {out})" in capsys.readouterr().err
+    assert main([*base, "--samples", "3"]) == 0
+    assert "running" not in capsys.readouterr().err  # nothing left: no session started
+
+
 def _predictions(store) -> dict:
     keep = ("prediction", "score", "n_prompt_tokens", "fingerprint")
     return {

@@ -148,12 +148,20 @@ def _dry_run(cfgs: list) -> int:
 
 def _run_scheduled(cfg, out, args, model_and_tokenizer=None):
     """``run_eval`` with the scheduler the flags ask for; failed cells exit 1 after the rest is stored."""
-    from .runner import plan, run_eval
-    from .scheduler import CellsFailedError, make_scheduler
+    from .runner import run_eval
+    from .scheduler import CellsFailedError
 
     if cfg.workers is not None or cfg.ray is not None:
-        print(make_scheduler(cfg.workers, cfg.ray).describe(len(plan(cfg))), file=sys.stderr)
         model_and_tokenizer = None  # each worker loads its own copy; none is shipped from here
+
+    def announce(session: dict) -> None:
+        # What a resume has left, counted against the folder (the plan's size would overstate it).
+        print(
+            f"running {session['samples_to_run']} sample(s) ({session['rows_before']} row(s) already in "
+            f"{out}): {session['scheduler']}",
+            file=sys.stderr,
+        )
+
     try:
         return run_eval(
             cfg,
@@ -162,6 +170,7 @@ def _run_scheduled(cfg, out, args, model_and_tokenizer=None):
             progress=not args.no_progress,
             new_run=args.new_run,
             redo=args.redo,
+            on_start=announce,
         )
     except CellsFailedError as err:
         print(f"error: {err}", file=sys.stderr)

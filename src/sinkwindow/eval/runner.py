@@ -538,6 +538,7 @@ def run_eval(
     redo: Collection[str] = (),
     scheduler: Scheduler | None = None,
     model_factory: Callable[[], tuple] | None = None,
+    on_start: Callable[[dict], None] | None = None,
 ) -> ResultsStore:
     """Run (or resume) every (method, task, length, sample) of ``config`` into ``out_dir``.
 
@@ -559,6 +560,9 @@ def run_eval(
         scheduler: overrides ``config.workers`` / ``config.ray`` (``eval/scheduler.py``).
         model_factory: a picklable ``() -> (model, tokenizer)`` that workers call once each;
             default: load ``config.model`` on ``config.device`` in ``config.dtype``.
+        on_start: called once before the first cell with what this session runs (the entry it
+            adds to ``sessions.jsonl``: ``samples_to_run``, ``rows_before``, ``scheduler``, a
+            line saying where the cells run); not called when nothing is left to run.
 
     Returns:
         The results store, its :attr:`~ResultsStore.selection` set to the cells ``config`` asked
@@ -611,7 +615,7 @@ def run_eval(
             config, settings=settings, done=store, batch_size=default_batch_size(config, batch_model)
         )
         if cells:
-            start_session(
+            session = start_session(
                 out_dir,
                 utc_now("microseconds"),
                 machine=machine_info(config.device),
@@ -621,6 +625,8 @@ def run_eval(
                 rows_before=len(store.all_rows()),
                 commit=source_commit(),
             )
+            if on_start is not None:
+                on_start(session)
         _run_cells(config, store, cells, scheduler, job, progress, on_row)
     return store
 

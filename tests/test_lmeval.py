@@ -380,6 +380,11 @@ def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_pat
     )
     assert again == rows
     assert len((out / "results.jsonl").read_text().splitlines()) == 12
+    # One session logged (the resume had nothing to run), and its wall time read from the rows.
+    (session,) = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert (session["pairs_to_run"], session["rows_before"]) == (12, 0)
+    assert all(r["written"] >= session["started"] for r in rows)
+    assert "## Sessions" in (out / "short_tasks.md").read_text()
 
 
 def test_max_batch_tokens_splits_batches_without_changing_scores(fixtures, tiny_model_dir):
@@ -587,7 +592,7 @@ def test_batch_size_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path)
     again = _piqa(tiny_model_dir, fixtures, out, batch_size=1, max_batch_tokens=None)
     assert (out / "results.jsonl").read_text() == before and len(again) == 2
     fresh = _piqa(tiny_model_dir, fixtures, tmp_path / "fresh", batch_size=1, max_batch_tokens=None)
-    timing = ("batch_size", "seconds", "time")
+    timing = ("batch_size", "seconds", "time", "written")
     assert [{k: v for k, v in r.items() if k not in timing} for r in fresh] == [
         {k: v for k, v in r.items() if k not in timing} for r in again
     ]
@@ -597,7 +602,7 @@ def test_two_local_workers_give_the_serial_rows(piqa_run, fixtures, tiny_model_d
     """Pairs spread over two worker processes (each loading its own copy, one switching to a trained
     baseline) give the serial run's rows, in plan order; only the driver writes, and a serial
     resume of the folder reuses every row."""
-    timing = ("seconds", "time")
+    timing = ("seconds", "time", "written")
     ckpt = _tiny_checkpoint(tiny_model_dir, tmp_path)
     serial = _piqa(tiny_model_dir, fixtures, tmp_path / "serial", methods=["full", "swa:8:2", "lolcats:16"],
                    checkpoints={"lolcats:16": ckpt})  # fmt: skip
@@ -628,7 +633,7 @@ def test_a_device_map_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_pat
     again = _piqa(tiny_model_dir, fixtures, out, device_map=offload)
     assert (out / "results.jsonl").read_text() == before and len(again) == 2
     fresh = _piqa(tiny_model_dir, fixtures, tmp_path / "fresh", device_map=offload)
-    timing = ("seconds", "time")
+    timing = ("seconds", "time", "written")
     assert [{k: v for k, v in r.items() if k not in timing} for r in fresh] == [
         {k: v for k, v in r.items() if k not in timing} for r in again
     ]
@@ -693,7 +698,11 @@ def test_sinkwindow_eval_lm_eval_subcommand(fixtures, tiny_model_dir, tmp_path, 
         ("piqa", "full"),
         ("piqa", "swa:16:4"),
     }
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert f"running 4 (task, method) pair(s) (0 row(s) already in {out}): 4 cell(s) in this process" in (
+        captured.err
+    )
+    printed = captured.out
     assert "| method | ARC-E | PIQA | Avg. | MMLU recovery | Avg. recovery |" in printed
     assert json.loads(printed.strip().splitlines()[-1])["rows"] == 4
 

@@ -183,6 +183,11 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
         redo=args.redo,
         workers=args.workers,
         ray=args.ray,
+        on_start=lambda session: print(
+            f"running {session['pairs_to_run']} (task, method) pair(s) ({session['rows_before']} row(s) "
+            f"already in {args.out}): {session['scheduler']}",
+            file=sys.stderr,
+        ),
     )
     md, data = recovery_table(rows)
     print(md)

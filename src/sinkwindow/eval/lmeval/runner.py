@@ -21,13 +21,22 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
-from ..results import ResultsStore, RunLock, check_redo, check_resume, check_run_dir, row_key
+from ..results import (
+    ResultsStore,
+    RunLock,
+    check_redo,
+    check_resume,
+    check_run_dir,
+    row_key,
+    source_commit,
+    utc_now,
+)
 from ..scheduler import (
     Cell,
     CellJob,
@@ -37,6 +46,7 @@ from ..scheduler import (
     _PickledModel,
     make_scheduler,
 )
+from ..sessions import machine_info, start_session
 from .constants import (
     DEFAULT_MAX_BATCH_TOKENS,
     SHORT_TASKS,
@@ -231,6 +241,7 @@ def run_lmeval(
     model_and_tokenizer: tuple[Any, Any] | None = None,
     workers: int | str | None = None,
     ray: str | bool | None = None,
+    on_start: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Evaluate every (task, method) pair with lm-eval; one row each, appended to ``OUT/results.jsonl``.
 
@@ -278,6 +289,9 @@ def run_lmeval(
             Rows are the same as a serial run's and only this process writes them; neither this
             nor ``ray`` is part of the fingerprint.
         ray: run the pairs as Ray tasks: ``True`` (a local instance) or a cluster address.
+        on_start: with ``out_dir``, called once before the first pair runs with what this session
+            runs (the entry it adds to ``OUT/sessions.jsonl``: ``pairs_to_run``, ``rows_before``,
+            ``scheduler``); not called when every pair is already there.
 
     Returns:
         The rows of all requested pairs (reused ones included), in run order::
@@ -407,7 +421,22 @@ def run_lmeval(
                 if (out / name).exists():
                     shutil.move(str(out / name), str(store.previous / name))
         store.select({_pair_key(model_name, name, spec) for name, *_ in plan for spec in specs})
-        rows = _run_pairs(pairs, scheduler, job, store, resume=resume)
+
+        def begin(cells: list[Cell]) -> None:
+            session = start_session(
+                out,
+                utc_now("microseconds"),
+                machine=machine_info(pairs.device),
+                threads="per worker" if workers is not None or ray is not None else "this process",
+                scheduler=scheduler.describe(len(cells)),
+                pairs_to_run=len(cells),
+                rows_before=len(store.all_rows()),
+                commit=source_commit(),
+            )
+            if on_start is not None:
+                on_start(session)
+
+        rows = _run_pairs(pairs, scheduler, job, store, resume=resume, on_start=begin)
         write_table(out, rows=store.rows())
     return rows
 
@@ -523,9 +552,12 @@ def _run_pairs(
     job: CellJob,
     store: ResultsStore | None,
     resume: bool,
+    on_start: Callable[[list[Cell]], None] | None = None,
 ) -> list[dict]:
     """Every pair's row, in plan order; pairs ``store`` holds (same fingerprint) are reused unless
-    ``resume`` is off, and new rows are appended to it (by this process) as each pair finishes."""
+    ``resume`` is off, and new rows are appended to it (by this process) as each pair finishes,
+    stamped ``written`` (``eval/sessions.py`` reads a session's wall time from it). ``on_start``
+    gets the cells left to run, before the first, when there are any."""
     done: dict[tuple, dict] = {}
     if store is not None and resume:
         for r in store.all_rows():
@@ -538,6 +570,7 @@ def _run_pairs(
     def on_result(cell: Cell, out: list[dict]) -> None:
         (row,) = out
         if store is not None:
+            row = {**row, "written": utc_now("microseconds")}
             store.append(row)
             write_table(store.dir, rows=store.rows())
         rows[(cell.task, cell.method)] = row
@@ -546,6 +579,8 @@ def _run_pairs(
             cell.task, cell.method, row["metric"], row["value"], row["n"], row["seconds"],
         )  # fmt: skip
 
+    if cells and on_start is not None:
+        on_start(cells)
     failures = scheduler.run(job, cells, on_result) if cells else []
     if failures:
         raise CellsFailedError(failures)

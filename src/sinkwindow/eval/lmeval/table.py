@@ -25,6 +25,7 @@ from typing import Any
 
 from ...spec import parse_spec
 from ..results import RESULTS_FILE, read_jsonl
+from ..sessions import session_lines
 from ..stats import (
     Interval,
     bootstrap_mean_interval,
@@ -367,11 +368,14 @@ def write_table(
     out_dir: str | os.PathLike, baseline: str = "full", rows: Iterable[Mapping] | None = None
 ) -> tuple[str, dict]:
     """(Re)write ``OUT/short_tasks.md`` and ``OUT/short_tasks.json`` from ``rows`` (default: every
-    row of ``OUT/results.jsonl``)."""
+    row of ``OUT/results.jsonl``); the markdown ends with the folder's sessions when it logs them."""
     out = Path(out_dir)
-    md, data = recovery_table(read_rows(out) if rows is None else rows, baseline=baseline)
+    rows = read_rows(out) if rows is None else list(rows)
+    md, data = recovery_table(rows, baseline=baseline)
+    sessions = "\n".join(session_lines(out, rows))  # which invocations wrote the rows, how long each took
     out.mkdir(parents=True, exist_ok=True)
-    (out / TABLE_FILE).write_text("### Short-context tasks (lm-eval)\n\n" + md, encoding="utf-8")
+    text = "### Short-context tasks (lm-eval)\n\n" + md + (f"\n\n{sessions}" if sessions else "")
+    (out / TABLE_FILE).write_text(text, encoding="utf-8")
     (out / TABLE_JSON).write_text(json.dumps(data, indent=2), encoding="utf-8")
     return md, data
 

@@ -53,7 +53,7 @@ def test_each_invocation_with_work_logs_a_session_and_the_report_sums_them(tiny_
     assert len(sessions) == 2
     assert [s["samples_to_run"] for s in sessions] == [1, 2]
     assert [s["rows_before"] for s in sessions] == [0, 1]
-    assert sessions[0]["machine"]["cores"] >= 1 and "scheduler" in sessions[0] and "argv" in sessions[0]
+    assert sessions[0]["machine"]["cores"] >= 1 and {"scheduler", "argv", "commit"} <= set(sessions[0])
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert all("written" in r for r in rows)
     assert [s["rows"] for s in session_summary(sessions, rows)] == [1, 2]

@@ -42,7 +42,6 @@ from .results import (
     check_resume,
     check_run_dir,
     row_key,
-    source_commit,
     utc_now,
 )
 from .scheduler import (
@@ -54,7 +53,7 @@ from .scheduler import (
     _PickledModel,
     make_scheduler,
 )
-from .sessions import machine_info, start_session
+from .sessions import start_session
 
 __all__ = [
     "EvalConfig",
@@ -617,13 +616,11 @@ def run_eval(
         if cells:
             session = start_session(
                 out_dir,
-                utc_now("microseconds"),
-                machine=machine_info(config.device),
+                device=config.device,
                 threads=threads.get("threads") or "per worker",
                 scheduler=scheduler.describe(len(cells)),
                 samples_to_run=sum(len(c.indices) for c in cells),
                 rows_before=len(store.all_rows()),
-                commit=source_commit(),
             )
             if on_start is not None:
                 on_start(session)

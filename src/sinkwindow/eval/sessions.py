@@ -18,6 +18,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from .results import source_commit, utc_now
+
 __all__ = [
     "SESSIONS_FILE",
     "machine_info",
@@ -55,9 +57,17 @@ def machine_info(device: str | None = None) -> dict:
     return info
 
 
-def start_session(run_dir: str | os.PathLike, started: str, **info) -> dict:
-    """Append this invocation's start (``started``: ISO UTC time) to ``run_dir/sessions.jsonl``."""
-    entry = {"started": started, "argv": list(sys.argv), **info}
+def start_session(run_dir: str | os.PathLike, *, device: str | None = None, **info) -> dict:
+    """Append this invocation's start to ``run_dir/sessions.jsonl`` and return the entry: the time
+    (UTC, to the microsecond), the command line, this machine (:func:`machine_info` of ``device``),
+    the source commit, and ``info`` (threads, scheduler, what it has left to do)."""
+    entry = {
+        "started": utc_now("microseconds"),
+        "argv": list(sys.argv),
+        "machine": machine_info(device),
+        "commit": source_commit(),
+        **info,
+    }
     path = Path(run_dir) / SESSIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:

@@ -34,7 +34,6 @@ from ..results import (
     check_resume,
     check_run_dir,
     row_key,
-    source_commit,
     utc_now,
 )
 from ..scheduler import (
@@ -46,7 +45,7 @@ from ..scheduler import (
     _PickledModel,
     make_scheduler,
 )
-from ..sessions import machine_info, start_session
+from ..sessions import start_session
 from .constants import (
     DEFAULT_MAX_BATCH_TOKENS,
     SHORT_TASKS,
@@ -425,13 +424,11 @@ def run_lmeval(
         def begin(cells: list[Cell]) -> None:
             session = start_session(
                 out,
-                utc_now("microseconds"),
-                machine=machine_info(pairs.device),
+                device=pairs.device,
                 threads="per worker" if workers is not None or ray is not None else "this process",
                 scheduler=scheduler.describe(len(cells)),
                 pairs_to_run=len(cells),
                 rows_before=len(store.all_rows()),
-                commit=source_commit(),
             )
             if on_start is not None:
                 on_start(session)

@@ -623,6 +623,54 @@ def test_two_local_workers_give_the_serial_rows(piqa_run, fixtures, tiny_model_d
     assert again == spread and (out / "results.jsonl").read_text() == written
 
 
+class _Stopped(Exception):
+    """Stands in for a kill in the middle of a pair."""
+
+
+def test_a_pair_stopped_midway_resumes_from_its_answered_requests(
+    fixtures, tiny_model_dir, tmp_path, monkeypatch
+):
+    """lm-eval's response cache, one per (task, method, fingerprint) in the run folder: a pair stopped
+    after 5 of its 12 answers computes only the other 7 on the resume, the rows equal a clean run's,
+    and no cache is left once the rows are stored."""
+    from lm_eval.api.model import CacheHook
+
+    from sinkwindow.eval.lmeval.model import SinkWindowLM
+
+    clean = _piqa(tiny_model_dir, fixtures, tmp_path / "clean", limit=6)
+    out = tmp_path / "stopped"
+    stored, add_partial = [], CacheHook.add_partial
+
+    def stop_after_five(self, attr, req, res):
+        add_partial(self, attr, req, res)
+        if self.dbdict is not None:
+            stored.append(req)
+            if len(stored) == 5:
+                raise _Stopped
+
+    monkeypatch.setattr(CacheHook, "add_partial", stop_after_five)
+    with pytest.raises(_Stopped):
+        _piqa(tiny_model_dir, fixtures, out, limit=6)
+    monkeypatch.undo()
+    (cache,) = (out / "lm-eval-cache").glob("piqa--full--*_rank0.db")
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
+
+    computed, score = [], SinkWindowLM._loglikelihood_tokens
+
+    def counting(self, requests, *args, **kwargs):
+        computed.append((self.method, len(requests)))
+        return score(self, requests, *args, **kwargs)
+
+    monkeypatch.setattr(SinkWindowLM, "_loglikelihood_tokens", counting)
+    resumed = _piqa(tiny_model_dir, fixtures, out, limit=6)
+    assert computed == [("full", 12 - 5), ("swa:8:2", 12)]  # 6 items x 2 choices each
+    timing = ("seconds", "time", "written")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in timing} for r in clean
+    ]
+    assert not (out / "lm-eval-cache").exists() and not cache.exists()
+
+
 def test_a_device_map_changes_no_row(piqa_run, fixtures, tiny_model_dir, tmp_path):
     """A model placed by accelerate (here: layers offloaded to disk, streamed in by hooks) resumes the
     same folder, and a fresh run gives the same rows: the map is placement, not a setting."""

@@ -15,6 +15,7 @@ __all__ = [
     "SUITE",
     "TABLE_FILE",
     "TABLE_JSON",
+    "CACHE_DIR",
     "SHORT_TASKS",
     "TASK_LABELS",
     "HEADLINE_METRIC",
@@ -35,6 +36,8 @@ MODEL_NAME = "sinkwindow"
 SUITE = "lm-eval"
 TABLE_FILE = "short_tasks.md"
 TABLE_JSON = "short_tasks.json"
+# lm-eval's response caches of the pairs in flight (a stopped pair resumes from them).
+CACHE_DIR = "lm-eval-cache"
 
 # Table 1's task order and column labels.
 SHORT_TASKS: tuple[str, ...] = ("mmlu", "arc_challenge", "arc_easy", "hellaswag", "piqa", "winogrande")

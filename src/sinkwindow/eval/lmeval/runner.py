@@ -47,6 +47,7 @@ from ..scheduler import (
 )
 from ..sessions import start_session
 from .constants import (
+    CACHE_DIR,
     DEFAULT_MAX_BATCH_TOKENS,
     SHORT_TASKS,
     SUITE,
@@ -167,25 +168,43 @@ def _item_scores(samples: Mapping[str, list[dict]], metrics: Sequence[str]) -> d
     }
 
 
-def _evaluate(lm, tm, lm_task: str, shots: int, limit, bootstrap_iters: int, batch_size) -> dict:
-    """One ``simple_evaluate`` call; the row's metric fields."""
+def _evaluate(
+    lm, tm, lm_task: str, shots: int, limit, bootstrap_iters: int, batch_size, cache: str | None = None
+) -> dict:
+    """One ``simple_evaluate`` call; the row's metric fields.
+
+    ``cache``: lm-eval's response cache (``use_cache``: a path prefix, ``_rank0.db`` appended). Each
+    answered request is stored as it is computed, so a pair stopped midway resumes from what it
+    had; the requests are keyed by their text only, so one cache must serve one (task, method,
+    settings) and nothing else.
+    """
     import lm_eval
+    from lm_eval.api.model import CacheHook
 
     logger.info("lm-eval %s (%d-shot, limit %s) with %s", lm_task, shots, limit, lm.method)
     t0 = time.perf_counter()
     # None keeps the config's own default (mmlu_local: 5, the rest: 0) without lm-eval logging an
     # "overwriting num_fewshot" warning for each of MMLU's 57 subtasks.
     config_shots = 5 if lm_task.startswith("mmlu_local") else 0
-    res = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=[lm_task],
-        num_fewshot=None if shots == config_shots else shots,
-        limit=limit,
-        task_manager=tm,
-        bootstrap_iters=bootstrap_iters,
-        log_samples=True,  # per-item scores: the table's paired intervals need them
-        batch_size=batch_size,
-    )
+    try:
+        res = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[lm_task],
+            num_fewshot=None if shots == config_shots else shots,
+            limit=limit,
+            task_manager=tm,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=True,  # per-item scores: the table's paired intervals need them
+            batch_size=batch_size,
+            use_cache=cache,
+        )
+    finally:
+        # CachingLM hooks itself into the model: close its database and unhook, or the next pair
+        # (another method) would write its answers into this pair's cache.
+        hook = getattr(lm, "cache_hook", None)
+        if getattr(hook, "dbdict", None) is not None:
+            hook.dbdict.close()
+        lm.set_cache_hook(CacheHook(None))
     extracted = _extract_row(res, lm_task)
     items = _item_scores(res.get("samples") or {}, list(extracted["metrics"]))
     metric = headline_metric(canonical(lm_task))
@@ -209,6 +228,11 @@ def _checkpoint_for(checkpoints: Mapping[str, str] | str | None, spec: str) -> s
     if isinstance(checkpoints, Mapping):
         return checkpoints.get(spec)
     return checkpoints
+
+
+def _file_safe(method: str) -> str:
+    """``method`` as a file name part (``swa:64:4`` -> ``swa-64-4``)."""
+    return "".join(c if c.isalnum() else "-" for c in method)
 
 
 def _pair_key(model_name: str, task: str, method: str) -> tuple:
@@ -379,6 +403,8 @@ def run_lmeval(
         came_with=None if given is None else str(sinkwindow.active_spec(given)),
         source="local" if local else "hub",
         version=getattr(lm_eval, "__version__", "unknown"),
+        # A resume picks a stopped pair up from its cache; any other start computes afresh.
+        cache_dir=Path(out_dir) / CACHE_DIR if out_dir is not None and resume else None,
     )
     # A pair runs for minutes and a method switch costs seconds: start pairs in plan order (no
     # method affinity), so a stopped run holds full's row beside every other method's.
@@ -420,6 +446,11 @@ def run_lmeval(
                 if (out / name).exists():
                     shutil.move(str(out / name), str(store.previous / name))
         store.select({_pair_key(model_name, name, spec) for name, *_ in plan for spec in specs})
+        # Starting over (or redoing a method) keeps no half-done answers.
+        if new_run or not resume:
+            shutil.rmtree(out / CACHE_DIR, ignore_errors=True)
+        for method in redo:
+            pairs.drop_caches(method=method)
 
         def begin(cells: list[Cell]) -> None:
             session = start_session(
@@ -459,6 +490,26 @@ class _Pairs:
     came_with: str | None = None  # the method a caller's model runs, handed back at the end
     source: str = "hub"
     version: str = "unknown"
+    cache_dir: Path | None = None  # the run folder's response caches; None: no cache
+
+    def cache_prefix(self, cell: Cell) -> str | None:
+        """The response cache of ``cell``'s pair (lm-eval appends ``_rank0.db``), named by its row
+        fingerprint, so a cache is only ever read by the same (task, method) with the same settings."""
+        if self.cache_dir is None or cell.fingerprint is None:
+            return None
+        return str(self.cache_dir / f"{cell.task}--{_file_safe(cell.method)}--{cell.fingerprint}")
+
+    def drop_caches(self, cell: Cell | None = None, method: str | None = None) -> None:
+        """Delete the response cache of ``cell`` (its row is stored: the cache has no further use),
+        or every cache of ``method`` (whatever settings made it: a method being redone)."""
+        if self.cache_dir is None:
+            return
+        if cell is not None:
+            pattern = Path(self.cache_prefix(cell)).name + "_rank*.db"
+        else:
+            pattern = f"*--{_file_safe(method)}--*_rank*.db"
+        for path in self.cache_dir.glob(pattern):
+            path.unlink(missing_ok=True)
 
     def loader(self):
         """``() -> (model, tokenizer)``: ``model_name`` as ``sinkwindow.load`` places it; picklable."""
@@ -513,7 +564,8 @@ def _run_pair(pairs: _Pairs, cell: Cell, model_and_tokenizer: tuple, state: dict
     if "tm" not in state:
         state["tm"] = _task_manager(pairs.data_path)
     batch_size = pairs.lm_kwargs["batch_size"]
-    row = _evaluate(lm, state["tm"], lm_task, shots, lim, pairs.bootstrap_iters, batch_size)
+    cache = pairs.cache_prefix(cell)
+    row = _evaluate(lm, state["tm"], lm_task, shots, lim, pairs.bootstrap_iters, batch_size, cache)
     row.update(
         {
             "suite": SUITE,
@@ -570,6 +622,7 @@ def _run_pairs(
             row = {**row, "written": utc_now("microseconds")}
             store.append(row)
             write_table(store.dir, rows=store.rows())
+        pairs.drop_caches(cell)
         rows[(cell.task, cell.method)] = row
         logger.info(
             "%s / %s: %s = %.4f (n=%d, %.0fs)",
@@ -579,6 +632,8 @@ def _run_pairs(
     if cells and on_start is not None:
         on_start(cells)
     failures = scheduler.run(job, cells, on_result) if cells else []
+    if pairs.cache_dir is not None and pairs.cache_dir.is_dir() and not any(pairs.cache_dir.iterdir()):
+        pairs.cache_dir.rmdir()
     if failures:
         raise CellsFailedError(failures)
     return [rows[(name, spec)] for name, *_ in pairs.plan for spec in pairs.specs]

@@ -203,8 +203,9 @@ def register_lmeval_subcommand(eval_subparsers: argparse._SubParsersAction) -> a
         description=(
             "Score methods on the paper's short-context tasks with lm-evaluation-harness and print Table 1 "
             "(per-task scores, average, MMLU and average recovery vs full attention). Rows are appended to "
-            "OUT/results.jsonl; a rerun skips the pairs already there, and refuses a folder made with other "
-            "settings (shots, limit, data, checkpoint, dtype ...): --new-run starts it over."
+            "OUT/results.jsonl; a rerun skips the pairs already there, picks a pair stopped midway up from its "
+            "answered requests (OUT/lm-eval-cache), and refuses a folder made with other settings (shots, "
+            "limit, data, checkpoint, dtype ...): --new-run starts it over."
         ),
     )
     cli_args.add_model(p)

@@ -217,6 +217,10 @@ def test_accuracy_plot_has_error_bars_and_a_legend_on_every_panel(rows):
             bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
             assert len(bars) == len(s["accuracy"][fam]) and all(c.has_yerr for c in bars)
             assert [t.get_text() for t in ax.get_legend().get_texts()] == list(s["accuracy"][fam])
+            # ... and the legend covers none of the data: it sits below the panel.
+            fig.canvas.draw()
+            legend = ax.get_legend().get_window_extent()
+            assert legend.y1 < ax.get_window_extent().y0
         # Methods are offset sideways so that equal scores do not hide each other.
         bars = [c for c in fig.axes[1].containers if isinstance(c, ErrorbarContainer)]
         assert len({tuple(c.lines[0].get_xdata()) for c in bars}) == 3

@@ -403,8 +403,9 @@ def run_lmeval(
         came_with=None if given is None else str(sinkwindow.active_spec(given)),
         source="local" if local else "hub",
         version=getattr(lm_eval, "__version__", "unknown"),
-        # A resume picks a stopped pair up from its cache; any other start computes afresh.
-        cache_dir=Path(out_dir) / CACHE_DIR if out_dir is not None and resume else None,
+        # A resume picks a stopped pair up from its cache; any other start computes afresh. Not on
+        # Ray: a task on another node would write (or fail to write) a path of the driver's disk.
+        cache_dir=Path(out_dir).resolve() / CACHE_DIR if out_dir is not None and resume and not ray else None,
     )
     # A pair runs for minutes and a method switch costs seconds: start pairs in plan order (no
     # method affinity), so a stopped run holds full's row beside every other method's.

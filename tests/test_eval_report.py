@@ -150,6 +150,24 @@ def test_averages_of_single_samples_keep_a_real_interval():
     assert avg["mean"] == pytest.approx(100 / 3) and avg["lo"] < 10 and avg["hi"] > 75
 
 
+def test_an_all_zero_average_over_unequal_cells_keeps_a_real_interval():
+    # 30 and 10 samples, all wrong (a staged run mid-way): no zero-width bootstrap; Wilson on the
+    # equal-weight mean's effective size, n_eff = 2² / (1/30 + 1/10) = 30: upper bound 1.96² / (30 + 1.96²).
+    r = niah("liger:256", 512, [0] * 30) + niah("liger:256", 1024, [0] * 10)
+    avg = summarize(r)["accuracy_avg"]["niah_single_3"]["liger:256"]
+    assert (avg["mean"], avg["lo"], avg["n"]) == (0.0, 0.0, 40)
+    assert avg["hi"] == pytest.approx(100 * 1.96**2 / (30 + 1.96**2))
+    # All right: the mirror image. Equal sizes: still the pooled Wilson (n_eff = the pooled n).
+    full = summarize(niah("full", 512, [1] * 30) + niah("full", 1024, [1] * 10))["accuracy_avg"][
+        "niah_single_3"
+    ]
+    assert full["full"]["hi"] == 100.0 and full["full"]["lo"] == pytest.approx(100 * 30 / (30 + 1.96**2))
+    same = summarize(niah("full", 512, [0] * 10) + niah("full", 1024, [0] * 10))["accuracy_avg"][
+        "niah_single_3"
+    ]
+    assert same["full"]["hi"] == pytest.approx(100 * 1.96**2 / (20 + 1.96**2))
+
+
 def test_markdown_tables_show_intervals(rows):
     md = markdown_report(summarize(rows), {"model": "m"}, [])
     assert "| swa:256:4 | 50.0 [23.7, 76.3] <sub>n=10</sub> | 100.0 [72.2, 100.0] <sub>n=10</sub> |" in md

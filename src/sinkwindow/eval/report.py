@@ -196,12 +196,20 @@ def _average_interval(cells: list[list[float]], boot: dict):
 
     0/1 scores in cells of equal size: Wilson on the pooled count (the equal-weight mean is then the
     pooled mean), which stays honest when cells hold one or two samples, where a bootstrap within
-    each cell has no spread at all. Otherwise the stratified bootstrap.
+    each cell has no spread at all. 0/1 scores that are all the same (every sample 0, or every
+    sample 1) in cells of unequal size: the bootstrap would give a zero-width interval, so Wilson
+    again, on the effective size of an equal-weight mean, n_eff = C² / Σ 1/n_c (C cells of n_c
+    samples: the mean's variance at a common p is p(1 − p) / n_eff; n_eff is the pooled n when the
+    sizes are equal). Otherwise the stratified bootstrap.
     """
     sizes = {len(c) for c in cells}
-    if len(sizes) == 1 and all(v in (0.0, 1.0) for c in cells for v in c):
-        flat = [v for c in cells for v in c]
-        return wilson_interval(sum(flat), len(flat))
+    flat = [v for c in cells for v in c]
+    if all(v in (0.0, 1.0) for v in flat):
+        if len(sizes) == 1:
+            return wilson_interval(sum(flat), len(flat))
+        if len(set(flat)) == 1 and all(cells):
+            n_eff = len(cells) ** 2 / sum(1 / len(c) for c in cells)
+            return wilson_interval(flat[0] * n_eff, n_eff)._replace(n=len(flat))
     return bootstrap_mean_interval(cells, **boot)
 
 

@@ -7,7 +7,8 @@ number comes with its sample count and a 95% interval (``stats.py``):
 
 - one task at one length: Wilson interval of the proportion correct;
 - an average over several tasks (BABILong QA1–5) or over lengths: stratified bootstrap, resampling
-  within each (task, length) cell, so each cell keeps its own n;
+  within each (task, length) cell, so each cell keeps its own n; Wilson on the pooled count when
+  the cells have equal n, or when every score is the same (a bootstrap would have no spread);
 - recovery (method ÷ full), the paper's ratio SWA ÷ LoLCATs, and differences between two methods:
   paired bootstrap over the samples both methods ran (same task, length, index and seed);
 - perplexity: bootstrap over windows of (nll_sum, n_tokens).
@@ -867,7 +868,8 @@ def markdown_report(
         "string match / BABILong compare_answers); recovery = method ÷ full attention.",
         "",
         "Every number has a 95% interval in brackets and its n: Wilson for one task at one length; a "
-        "stratified bootstrap (resampling within each task and length) for averages over tasks or lengths; "
+        "stratified bootstrap (resampling within each task and length) for averages over tasks or lengths "
+        "(Wilson on the pooled count when the cells have equal n, or when every score is the same); "
         "a paired bootstrap over the samples both methods ran for recovery, ratios and differences; a "
         "bootstrap over windows for perplexity.",
         "",

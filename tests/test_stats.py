@@ -163,6 +163,20 @@ def test_paired_ratio_with_a_zero_denominator_flags_instead_of_crashing():
     assert math.isfinite(iv.lo) and iv.lo >= 1.0
 
 
+def test_paired_ratio_of_a_method_that_never_succeeds_keeps_an_upper_bound():
+    # 0 of 10 against 8 of 10: not the bootstrap's [0, 0] but Wilson's upper bound on 0/10 over 0.8.
+    iv = paired_bootstrap_ratio([0.0] * 10, [1.0] * 8 + [0.0] * 2)
+    assert (iv.estimate, iv.lo, iv.n, iv.flag) == (0.0, 0.0, 10, "no_success")
+    # Wilson at p̂ = 0: hi = z² / (n + z²), z = 1.95996 for 95%.
+    assert iv.hi == pytest.approx(1.96**2 / (10 + 1.96**2) / 0.8, rel=1e-4)
+    assert exceeds_noise(iv, null=1.0)  # still clearly below full
+    # Cells of 30 and 10: the equal-weight effective size is 2² / (1/30 + 1/10) = 30.
+    iv = paired_bootstrap_ratio([[0.0] * 30, [0.0] * 10], [[1.0] * 30, [1.0] * 10])
+    assert iv.hi == pytest.approx(1.96**2 / (30 + 1.96**2), rel=1e-4) and iv.n == 40
+    # One success anywhere: the bootstrap again.
+    assert paired_bootstrap_ratio([1.0] + [0.0] * 9, [1.0] * 10).flag is None
+
+
 def test_paired_diff_uses_the_pairing():
     # b varies a lot from sample to sample, a is b + 0.1: the paired difference is exactly 0.1
     # whatever the resample, although a and b alone have wide intervals.

@@ -10,7 +10,8 @@ number comes with its sample count and a 95% interval (``stats.py``):
   within each (task, length) cell, so each cell keeps its own n; Wilson on the pooled count when
   the cells have equal n, or when every score is the same (a bootstrap would have no spread);
 - recovery (method ÷ full), the paper's ratio SWA ÷ LoLCATs, and differences between two methods:
-  paired bootstrap over the samples both methods ran (same task, length, index and seed);
+  paired bootstrap over the samples both methods ran (same task, length, index and seed); a ratio
+  whose numerator is all zero gets Wilson's upper bound instead (``stats.paired_bootstrap_ratio``);
 - perplexity: bootstrap over windows of (nll_sum, n_tokens).
 
 A difference is called larger than its noise when its paired interval excludes 0.
@@ -870,7 +871,8 @@ def markdown_report(
         "Every number has a 95% interval in brackets and its n: Wilson for one task at one length; a "
         "stratified bootstrap (resampling within each task and length) for averages over tasks or lengths "
         "(Wilson on the pooled count when the cells have equal n, or when every score is the same); "
-        "a paired bootstrap over the samples both methods ran for recovery, ratios and differences; a "
+        "a paired bootstrap over the samples both methods ran for recovery, ratios and differences (a ratio "
+        "whose method never succeeded takes Wilson's upper bound for it over the other's mean); a "
         "bootstrap over windows for perplexity.",
         "",
         *[line for note in notes for line in (f"**Note:** {note}", "")],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
@@ -43,9 +44,11 @@ __all__ = [
 NAN = float("nan")
 
 # Flags an Interval can carry. A ratio whose denominator mean is 0 has no estimate; one where only
-# some replicates hit a zero denominator has an estimate but an interval that may reach +inf.
+# some replicates hit a zero denominator has an estimate but an interval that may reach +inf; one
+# whose numerator is all zero takes its upper bound from Wilson instead of the bootstrap.
 ZERO_DENOMINATOR = "zero_denominator"
 UNSTABLE_DENOMINATOR = "unstable_denominator"
+NO_SUCCESS = "no_success"
 
 
 class Interval(NamedTuple):
@@ -216,6 +219,11 @@ def paired_bootstrap_ratio(
     (mean(a) > 0) or nan (0/0), lo and hi are nan and ``flag`` is ``"zero_denominator"``. When
     mean(b) > 0 but some replicates draw only zeros of b, those replicates count as +inf (or are
     dropped for 0/0), so hi may be inf, and ``flag`` is ``"unstable_denominator"``.
+
+    Numerator all zero (a method that never succeeded): every replicate is 0, a zero-width
+    interval that would claim certainty. The upper bound is then the Wilson upper bound of a's rate
+    (on the equal-weight effective size n_eff = C² / Σ 1/n_c) over mean(b), and ``flag`` is
+    ``"no_success"``; b's own noise is left out, which the Wilson bound's width dwarfs here.
     """
     _check_level(level, n_boot)
     ca, cb = _paired_cells(a, b)
@@ -224,6 +232,10 @@ def paired_bootstrap_ratio(
     mb = float(np.mean([c.mean() for c in cb]))
     if mb == 0:
         return Interval(math.inf if ma > 0 else NAN, NAN, NAN, n, ZERO_DENOMINATOR)
+    if all((c == 0).all() for c in ca):
+        n_eff = len(ca) ** 2 / sum(1 / c.size for c in ca)
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        return Interval(0.0, 0.0, wilson_interval(0, n_eff, z=z).hi / mb, n, NO_SUCCESS)
     ra, rb = _paired_replicates(ca, cb, n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         reps = ra / rb

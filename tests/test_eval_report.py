@@ -69,15 +69,27 @@ def test_accuracy_cells_carry_wilson_intervals_and_n(rows):
     assert full["hi"] == 100.0 and full["lo"] == pytest.approx(72.246, abs=1e-3)
 
 
-def test_babilong_average_is_a_stratified_bootstrap_over_tasks():
-    r = [
-        dict(model="m", task=t, method="full", length=0, seed=0, index=i, score=s)
-        for t, s in (("babilong_qa1", 100.0), ("babilong_qa2", 0.0))
-        for i in range(3)
-    ]
-    cell = summarize(r)["accuracy"]["babilong"]["full"][0]
-    # Each task is constant, so resampling within tasks cannot move the average.
-    assert (cell["mean"], cell["lo"], cell["hi"], cell["n"], cell["ci"]) == (50.0, 50.0, 50.0, 6, "bootstrap")
+def test_babilong_average_at_one_length_is_wilson_pooled_or_a_stratified_bootstrap():
+    def rows(scores: dict) -> list[dict]:
+        return [
+            dict(model="m", task=t, method="full", length=0, seed=0, index=i, score=100.0 * v)
+            for t, values in scores.items()
+            for i, v in enumerate(values)
+        ]
+
+    # Equal n per task: the pooled count, 3 of 6 (a bootstrap within two constant tasks would give
+    # the zero-width [50, 50]).
+    cell = summarize(rows({"babilong_qa1": [1, 1, 1], "babilong_qa2": [0, 0, 0]}))["accuracy"]["babilong"][
+        "full"
+    ][0]
+    assert (cell["mean"], cell["n"], cell["ci"]) == (50.0, 6, "wilson")
+    assert cell["lo"] == pytest.approx(18.76, abs=0.01) and cell["hi"] == pytest.approx(81.24, abs=0.01)
+    # Unequal n: the stratified bootstrap, each task weighing the same (mean of 2/3 and 1/2).
+    cell = summarize(rows({"babilong_qa1": [1, 0, 1], "babilong_qa2": [0, 1]}))["accuracy"]["babilong"][
+        "full"
+    ][0]
+    assert (cell["mean"], cell["n"], cell["ci"]) == (pytest.approx(100 * (2 / 3 + 1 / 2) / 2), 5, "bootstrap")
+    assert cell["lo"] < cell["mean"] < cell["hi"]
 
 
 def test_recovery_and_the_paper_ratio_are_paired(rows):

@@ -193,8 +193,9 @@ def _comparison_pairs(methods) -> list[tuple[str, str]]:
     return pairs + [(m, "full") for m in methods if m != "full" and "full" in methods]
 
 
-def _average_interval(cells: list[list[float]], boot: dict):
-    """Interval of an equal-weight average over cells (tasks × lengths).
+def _average_interval(cells: list[list[float]], boot: dict) -> tuple[Interval, str]:
+    """Interval of an equal-weight average over cells (tasks × lengths), and which kind it is
+    (``"wilson"`` or ``"bootstrap"``).
 
     0/1 scores in cells of equal size: Wilson on the pooled count (the equal-weight mean is then the
     pooled mean), which stays honest when cells hold one or two samples, where a bootstrap within
@@ -208,11 +209,11 @@ def _average_interval(cells: list[list[float]], boot: dict):
     flat = [v for c in cells for v in c]
     if all(v in (0.0, 1.0) for v in flat):
         if len(sizes) == 1:
-            return wilson_interval(sum(flat), len(flat))
+            return wilson_interval(sum(flat), len(flat)), "wilson"
         if len(set(flat)) == 1 and all(cells):
             n_eff = len(cells) ** 2 / sum(1 / len(c) for c in cells)
-            return wilson_interval(flat[0] * n_eff, n_eff)._replace(n=len(flat))
-    return bootstrap_mean_interval(cells, **boot)
+            return wilson_interval(flat[0] * n_eff, n_eff)._replace(n=len(flat)), "wilson"
+    return bootstrap_mean_interval(cells, **boot), "bootstrap"
 
 
 def _swa_lolcats_pairs(methods) -> list[tuple[str, str]]:
@@ -231,10 +232,11 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
 
     - ``accuracy``: ``{family: {method: {length: {"mean", "lo", "hi", "n", "ci"}}}}``. Families are
       each S-NIAH task, each ``babilong_qaK`` and ``babilong`` (the equal-weight average of QA1–5
-      at each length). ``ci`` is ``"wilson"`` for one task, ``"bootstrap"`` for the average (and
-      for scores outside 0–100, which are no proportions).
+      at each length). ``ci`` is ``"wilson"`` for one task and for an average whose tasks have
+      equal n (or all-equal scores), ``"bootstrap"`` (stratified) for other averages
+      (:func:`_average_interval`).
     - ``accuracy_avg``: ``{family: {method: {"mean", "lo", "hi", "n", "lengths", "complete"}}}``,
-      the average over the method's lengths (stratified bootstrap); ``complete`` is True when the
+      the average over the method's lengths (same rule); ``complete`` is True when the
       method has every length of the family.
     - ``recovery``: ``{family: {method: {length | "avg": {"estimate", "lo", "hi", "n"[, "flag"]}}}}``,
       method ÷ full in %, paired over the samples both ran.
@@ -299,12 +301,12 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
                     continue
                 if len(cells) == 1 and all(0.0 <= v <= 1.0 for v in cells[0]):
                     iv, ci = wilson_interval(sum(cells[0]), len(cells[0])), "wilson"
-                else:
-                    iv, ci = bootstrap_mean_interval(cells, **boot), "bootstrap"
+                else:  # BABILong's five tasks at one length
+                    iv, ci = _average_interval(cells, boot)
                 acc[m][L] = {**_iv(iv, 100.0, key="mean"), "ci": ci}
             cells = samples.cells(tasks, m, lengths)
             avg[m] = {
-                **_iv(_average_interval(cells, boot), 100.0, key="mean"),
+                **_iv(_average_interval(cells, boot)[0], 100.0, key="mean"),
                 "lengths": sorted(acc[m]),
                 "complete": len(acc[m]) == len(lengths),
             }
@@ -408,7 +410,7 @@ def _hybrid_summary(rows: list[dict], samples: _Samples, boot: dict) -> dict:
                 continue
             spec = parse_spec(m)
             entry = {
-                "avg": _iv(_average_interval(cells, boot), 100.0, key="mean"),
+                "avg": _iv(_average_interval(cells, boot)[0], 100.0, key="mean"),
                 "units": len(spec.full_layers) + len(spec.full_heads),
                 "tasks": len(cells),
                 "kv_bytes": kv.get((m, L)),

@@ -250,6 +250,16 @@ def test_cli_says_what_a_resume_has_left(tiny_pair, tmp_path, capsys):
     assert "running" not in capsys.readouterr().err  # nothing left: no session started
 
 
+def test_a_report_of_a_smaller_run_says_the_folder_holds_more(tiny_pair, tmp_path):
+    cfg = _config(methods=["swa:16:4"], tasks=["niah_single_1"], samples=3)
+    run_eval(cfg, tmp_path, model_and_tokenizer=tiny_pair, progress=False)
+    store = run_eval(_config(methods=["swa:16:4"], tasks=["niah_single_1"], samples=1), tmp_path,
+                     model_and_tokenizer=tiny_pair, progress=False)  # fmt: skip
+    md = write_report(tmp_path, store=store).read_text()
+    assert f"covers the 1 row(s) this run asked for; {tmp_path} holds 2 more" in md
+    assert "holds" not in write_report(tmp_path).read_text().split("## Summary")[0]  # every row: no note
+
+
 def _predictions(store) -> dict:
     keep = ("prediction", "score", "n_prompt_tokens", "fingerprint")
     return {

@@ -1144,6 +1144,15 @@ def write_report(
         store = ResultsStore(run)
     rows, lm_rows, foreign = long_context_rows(store.rows())
     notes = _skip_notes(store.path, store.skipped_lines, foreign)
+    if store.selection is not None:
+        # A staged folder (say 30 samples, then a run asking for 10) holds rows this run did not ask
+        # for; the report covers the run, and says how to see the rest.
+        beyond = len(long_context_rows(store.all_rows())[0]) - len(rows)
+        if beyond > 0:
+            notes.append(
+                f"This report covers the {len(rows)} row(s) this run asked for; {run} holds {beyond} more "
+                f"(other samples, lengths or methods): `sinkwindow report {run}` renders every row."
+            )
     if not rows and lm_rows:
         return _lmeval_report(run, lm_rows, notes)
     if not rows:

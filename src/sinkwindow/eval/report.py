@@ -39,6 +39,7 @@ from .stats import (
     Interval,
     bootstrap_mean_interval,
     bootstrap_ppl_interval,
+    equal_weight_size,
     exceeds_noise,
     paired_bootstrap_diff,
     paired_bootstrap_ratio,
@@ -211,7 +212,7 @@ def _average_interval(cells: list[list[float]], boot: dict) -> tuple[Interval, s
         if len(sizes) == 1:
             return wilson_interval(sum(flat), len(flat)), "wilson"
         if len(set(flat)) == 1 and all(cells):
-            n_eff = len(cells) ** 2 / sum(1 / len(c) for c in cells)
+            n_eff = equal_weight_size([len(c) for c in cells])
             return wilson_interval(flat[0] * n_eff, n_eff)._replace(n=len(flat)), "wilson"
     return bootstrap_mean_interval(cells, **boot), "bootstrap"
 

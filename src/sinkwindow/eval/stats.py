@@ -35,6 +35,7 @@ __all__ = [
     "Interval",
     "bootstrap_mean_interval",
     "bootstrap_ppl_interval",
+    "equal_weight_size",
     "exceeds_noise",
     "paired_bootstrap_diff",
     "paired_bootstrap_ratio",
@@ -108,6 +109,13 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> Interval:
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == n else min(1.0, centre + half)
     return Interval(p, lo, hi, n)
+
+
+def equal_weight_size(sizes: Sequence[int]) -> float:
+    """Effective sample size of an equal-weight average over cells of ``sizes`` samples:
+    n_eff = C² / Σ 1/n_c, so that at a common rate p the average's variance is p(1 − p) / n_eff
+    (the pooled n when the sizes are equal)."""
+    return len(sizes) ** 2 / sum(1 / n for n in sizes)
 
 
 def _as_cells(values) -> list[np.ndarray]:
@@ -233,9 +241,9 @@ def paired_bootstrap_ratio(
     if mb == 0:
         return Interval(math.inf if ma > 0 else NAN, NAN, NAN, n, ZERO_DENOMINATOR)
     if all((c == 0).all() for c in ca):
-        n_eff = len(ca) ** 2 / sum(1 / c.size for c in ca)
         z = NormalDist().inv_cdf(0.5 + level / 2)
-        return Interval(0.0, 0.0, wilson_interval(0, n_eff, z=z).hi / mb, n, NO_SUCCESS)
+        hi = wilson_interval(0, equal_weight_size([c.size for c in ca]), z=z).hi
+        return Interval(0.0, 0.0, hi / mb, n, NO_SUCCESS)
     ra, rb = _paired_replicates(ca, cb, n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         reps = ra / rb

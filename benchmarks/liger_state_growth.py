@@ -5,8 +5,8 @@
 
 Liger's gate is g = logsigmoid(k) / 16 per key channel: a channel whose pre-RoPE key is large and
 positive decays by exp(g) ≈ 1 per token, and its GLA state S (no normaliser, unlike Hedgehog's
-z) grows with every token it sees. The script feeds essay windows through ``prefill`` one chunk at a
-time, continuing the same cache, and after each chunk records that chunk's perplexity and, per layer,
+z) grows with every token it sees. The script scores essay windows with ``token_nll`` (chunked ``prefill``)
+through one cache, and after each chunk records that chunk's perplexity and, per layer,
 the Frobenius norm of S over all its heads.
 Prints a table (perplexity, then S's norm for a few layers) and ends with one JSON line.
 """
@@ -20,11 +20,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import sinkwindow
-from sinkwindow.eval.perplexity import essay_token_windows
-from sinkwindow.prefill import prefill
+from sinkwindow.eval.perplexity import essay_token_windows, token_nll
 
 
 def _state_norms(cache) -> list[float]:
@@ -39,30 +37,27 @@ def _state_norms(cache) -> list[float]:
 def measure(model, ids: torch.Tensor, chunk: int) -> dict:
     """Chunk-by-chunk perplexity and per-layer state norms of one window ``ids`` [1, n]."""
     n = ids.shape[1]
-    cache, rows = None, []
-    for start in range(0, n - 1, chunk):
-        piece = ids[:, start : start + chunk]
-        nll = []
-
-        def score(at: int, logits: torch.Tensor, nll: list = nll) -> None:
-            # ``at`` counts from the window's first token: the cache holds the earlier chunks.
-            end = min(at + logits.shape[1], n - 1)  # the last token predicts nothing
-            if end <= at:
-                return
-            lp = F.log_softmax(logits[0, : end - at].float(), dim=-1)
-            nll.append(-lp.gather(-1, ids[0, at + 1 : end + 1, None])[:, 0])
-
-        res = prefill(model, piece, chunk_size=chunk, cache=cache, return_logits="none", on_chunk=score)
-        cache = res.cache
-        mean_nll = float(torch.cat(nll).mean())
-        rows.append(
-            {
-                "start": start,
-                "end": start + piece.shape[1],
-                "ppl": math.exp(mean_nll),
-                "state_norm": _state_norms(cache),
-            }
-        )
+    cache = sinkwindow.make_cache(model)
+    norms = []  # per chunk, read right after the chunk's forward
+    nll = token_nll(
+        model,
+        ids,
+        chunk_size=chunk,
+        cache=cache,
+        on_chunk=lambda start, logits: norms.append(_state_norms(cache)),
+    )
+    rows = []
+    for i, start in enumerate(range(0, n, chunk)):
+        scored = nll[start : start + chunk]  # the last token predicts nothing
+        if scored.numel():
+            rows.append(
+                {
+                    "start": start,
+                    "end": min(start + chunk, n),
+                    "ppl": math.exp(float(scored.mean())),
+                    "state_norm": norms[i],
+                }
+            )
     return {"chunks": rows}
 
 

@@ -9,6 +9,7 @@ collapse shows: SWA(w, 0) is fine until the first tokens leave the window, then 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -47,11 +48,20 @@ class PerplexityResult:
 
 
 @torch.no_grad()
-def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 256) -> torch.Tensor:
+def token_nll(
+    model,
+    input_ids: torch.Tensor,
+    chunk_size: int = 256,
+    cache=None,
+    on_chunk: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """NLL of every next token through chunked prefill.
 
     Args:
         input_ids: ``[1, n]``.
+        cache: fill this cache (``sinkwindow.make_cache``) instead of a fresh one, so a caller can
+            look at it between chunks.
+        on_chunk: called as ``on_chunk(start, logits[1, c, vocab])`` after each chunk is scored.
 
     Returns:
         ``[n - 1]`` float32: entry t is ``-log p(x_{t+1} | x_{<=t})``.
@@ -71,7 +81,12 @@ def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 256) -> torch.Te
         tgt = targets[start + 1 : end + 1].to(lp.device)
         out[start:end] = -lp.gather(-1, tgt[:, None])[:, 0].cpu()
 
-    prefill(model, input_ids, chunk_size=chunk_size, return_logits="none", on_chunk=score)
+    def scored(start: int, logits: torch.Tensor) -> None:
+        score(start, logits)
+        if on_chunk is not None:
+            on_chunk(start, logits)
+
+    prefill(model, input_ids, chunk_size=chunk_size, cache=cache, return_logits="none", on_chunk=scored)
     return out
 
 

@@ -30,11 +30,11 @@ DEFAULT_METHODS = ["full", "swa:64:4", "swa:64:0", "swa:256:4"]
 COMPARE_METHODS = ["full", "swa:256:4", "lolcats:256", "liger:256", "swa:256:0", "evict:256:4"]
 
 # The main job's two sizes. quick must finish in <= 20 minutes on 2 CPU cores (SmolLM2-135M), install
-# included. Decode is memory-bound there (every token reads the 0.5 GB of fp32 weights), so a sample
-# costs 1-6 s whatever the method, and 0.5-2K on both tasks (294 samples) took 22.5 min on a quiet
-# machine. quick keeps S-NIAH's ends, 0.5K (where every method still retrieves) and 2K (where the
-# reference run separates SWA(256, 4) from lolcats:256), and BABILong's 0K and 1K; the reference run
-# has every length at n = 30.
+# included. There a sample costs 1-9 s, set by its length more than by the method (prefill about 400
+# tokens/s; a decode step about 75 ms, memory-bound: every token reads the 0.5 GB of fp32 weights), and
+# 0.5-2K on both tasks (294 samples) took 22.5 min on a quiet machine. So quick keeps S-NIAH's ends,
+# 0.5K (where SWA(256, 4) and lolcats:256 both still retrieve) and 2K (where the reference run
+# separates them), and BABILong's 0K and 1K; the reference run has every length at n = 30.
 COMPARE_SIZES: dict[str, dict] = {
     "quick": dict(
         lengths=[512, 2048],

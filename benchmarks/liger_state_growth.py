@@ -36,27 +36,21 @@ def _state_norms(cache) -> list[float]:
 
 def measure(model, ids: torch.Tensor, chunk: int) -> dict:
     """Chunk-by-chunk perplexity and per-layer state norms of one window ``ids`` [1, n]."""
-    n = ids.shape[1]
     cache = sinkwindow.make_cache(model)
-    norms = []  # per chunk, read right after the chunk's forward
+    chunks = []  # (start, end, norms) per chunk, the norms read right after the chunk's forward
     nll = token_nll(
         model,
         ids,
         chunk_size=chunk,
         cache=cache,
-        on_chunk=lambda start, logits: norms.append(_state_norms(cache)),
+        on_chunk=lambda start, logits: chunks.append((start, start + logits.shape[1], _state_norms(cache))),
     )
     rows = []
-    for i, start in enumerate(range(0, n, chunk)):
-        scored = nll[start : start + chunk]  # the last token predicts nothing
+    for start, end, norms in chunks:
+        scored = nll[start:end]  # the last token predicts nothing
         if scored.numel():
             rows.append(
-                {
-                    "start": start,
-                    "end": min(start + chunk, n),
-                    "ppl": math.exp(float(scored.mean())),
-                    "state_norm": norms[i],
-                }
+                {"start": start, "end": end, "ppl": math.exp(float(scored.mean())), "state_norm": norms}
             )
     return {"chunks": rows}
 

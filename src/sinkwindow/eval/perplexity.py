@@ -75,18 +75,14 @@ def token_nll(
     def score(start: int, logits: torch.Tensor) -> None:
         c = logits.shape[1]
         end = min(start + c, n - 1)  # the last position predicts nothing
-        if end <= start:
-            return
-        lp = F.log_softmax(logits[0, : end - start].float(), dim=-1)
-        tgt = targets[start + 1 : end + 1].to(lp.device)
-        out[start:end] = -lp.gather(-1, tgt[:, None])[:, 0].cpu()
-
-    def scored(start: int, logits: torch.Tensor) -> None:
-        score(start, logits)
+        if end > start:
+            lp = F.log_softmax(logits[0, : end - start].float(), dim=-1)
+            tgt = targets[start + 1 : end + 1].to(lp.device)
+            out[start:end] = -lp.gather(-1, tgt[:, None])[:, 0].cpu()
         if on_chunk is not None:
             on_chunk(start, logits)
 
-    prefill(model, input_ids, chunk_size=chunk_size, cache=cache, return_logits="none", on_chunk=scored)
+    prefill(model, input_ids, chunk_size=chunk_size, cache=cache, return_logits="none", on_chunk=score)
     return out
 
 

@@ -117,13 +117,16 @@ def test_differences_larger_than_noise_are_said_in_words(rows):
     d2k, d1k = d[("swa:256:4", "lolcats:256", 2048)], d[("swa:256:4", "lolcats:256", 1024)]
     assert d2k["beyond_noise"] and (d2k["estimate"], d2k["lo"], d2k["hi"]) == (100.0, 100.0, 100.0)
     assert not d1k["beyond_noise"] and d1k["estimate"] == 0.0
+    # The decision is the exact test's: 10 of 10 pairs discordant one way, p = 2 / 2**10.
+    assert d2k["p"] == pytest.approx(2 * 0.5**10) and d2k["test"] == "exact sign test"
+    assert d1k["p"] == 1.0 and d1k["mdd"] == pytest.approx(60.0)  # 6 of 10 pairs one way at least
     md = markdown_report(s, {"model": "m"}, [])
+    # A zero-width bootstrap from 10 pairs is not printed as an interval.
     assert (
-        "at 2K swa:256:4 beats lolcats:256: 100.0 vs 0.0, difference +100.0 [100.0, 100.0], n=10; "
-        "the difference at 1K is within noise."
+        "at 2K swa:256:4 beats lolcats:256: 100.0 vs 0.0, difference +100.0 [n too small], n=10, "
+        f"p=0.002 [Holm {d2k['p_holm']:.2g}]; the difference at 1K (p=1 [Holm 1], mdd 60.0) is within noise."
     ) in md
-    # 10 pairs per cell: no small-sample caution.
-    assert "fewer than" not in md
+    assert "[100.0, 100.0]" not in md
 
 
 def test_the_header_names_every_method_the_rows_hold_and_what_the_last_run_asked(rows):
@@ -138,10 +141,12 @@ def test_the_header_names_every_method_the_rows_hold_and_what_the_last_run_asked
     assert "the last run asked for 10 samples per task and length" in same
 
 
-def test_small_cells_get_a_caution():
-    r = niah("full", 1024, [1] * 6) + niah("swa:256:4", 1024, [0] * 6)
-    md = markdown_report(summarize(r), {}, [])
-    assert "fewer than 10 pairs" in md and "swa:256:4 trails full" in md
+def test_six_pairs_can_be_decided_five_cannot():
+    """The exact sign test reaches 5% only from 6 one-way pairs on (2 / 2**6 = 0.031)."""
+    six = markdown_report(summarize(niah("full", 1024, [1] * 6) + niah("swa:256:4", 1024, [0] * 6)), {}, [])
+    assert "swa:256:4 trails full: 0.0 vs 100.0" in six and "p=0.031" in six
+    five = markdown_report(summarize(niah("full", 1024, [1] * 5) + niah("swa:256:4", 1024, [0] * 5)), {}, [])
+    assert "trails" not in five and "too few samples to tell at 1K (n=5)" in five
 
 
 def test_no_difference_is_called_on_too_few_pairs():
@@ -184,7 +189,7 @@ def test_markdown_tables_show_intervals(rows):
     md = markdown_report(summarize(rows), {"model": "m"}, [])
     assert "| swa:256:4 | 50.0 [23.7, 76.3] <sub>n=10</sub> | 100.0 [72.2, 100.0] <sub>n=10</sub> |" in md
     # The paper's ratio per length: 1.00× with zero width at 1K, and lolcats at 0 at 2K.
-    assert "| S-NIAH-3 | 1.00× [1.00, 1.00] <sub>n=10</sub> | ∞ (÷0) <sub>n=10</sub> |" in md
+    assert "| S-NIAH-3 | 1.00× [n too small] <sub>n=10</sub> | ∞ (÷0) <sub>n=10</sub> |" in md
     assert "S-NIAH-3, paper (Llama-3.1-8B) | 2.22× | 8.37× |" in md
     assert "Recovery vs full by length" in md
     # Perplexity: windows at 3 and 1 nats/token give exp(2), replicates exp(1) .. exp(3).

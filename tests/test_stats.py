@@ -12,8 +12,10 @@ from sinkwindow.eval.stats import (
     bootstrap_mean_interval,
     bootstrap_ppl_interval,
     exceeds_noise,
+    holm,
     paired_bootstrap_diff,
     paired_bootstrap_ratio,
+    paired_sign_test,
     wilson_interval,
 )
 
@@ -237,3 +239,78 @@ def test_ppl_interval_rejects_bad_windows():
 def test_interval_scaled():
     iv = wilson_interval(5, 10).scaled(100)
     assert iv.estimate == 50.0 and iv.lo == pytest.approx(23.659, abs=1e-3) and iv.n == 10
+
+
+def _cells(plus: list[int], minus: list[int], n: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Cells of n pairs with the given discordant counts (a wins ``plus``, b wins ``minus``)."""
+    a, b = [], []
+    for p, m in zip(plus, minus):
+        rest = n - p - m
+        a.append([1] * p + [0] * m + [1] * (rest // 2) + [0] * (rest - rest // 2))
+        b.append([0] * p + [1] * m + [1] * (rest // 2) + [0] * (rest - rest // 2))
+    return a, b
+
+
+def test_babilong_1k_case_is_not_significant():
+    """The reference run's BABILong 1K: 16 vs 7 discordant pairs over five tasks of 30, p = 0.093,
+    where the bootstrap's lower bound was 2.7e-15 and got called beyond noise."""
+    from scipy.stats import binomtest
+
+    a, b = _cells([4, 3, 3, 3, 3], [2, 2, 1, 1, 1], 30)
+    t = paired_sign_test(a, b)
+    assert (t.plus, t.minus, t.n) == (16, 7, 150)
+    assert t.p == pytest.approx(binomtest(7, 23, 0.5).pvalue, rel=1e-12) and t.p == pytest.approx(
+        0.0931, abs=1e-4
+    )
+    assert t.p > 0.05
+    assert not exceeds_noise(Interval(0.06, 2.7e-15, 0.12, 150))  # rounding residue is not > 0
+
+
+def test_ten_pairs_and_all_equal_pairs():
+    t = paired_sign_test([1, 0, 0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
+    assert (t.plus, t.minus) == (0, 3) and t.p == pytest.approx(0.25)
+    assert t.min_p == pytest.approx(2 / 2**10) and t.mdd == pytest.approx(0.6)
+    same = paired_sign_test([1, 0, 1, 1], [1, 0, 1, 1])
+    assert same.p == 1.0 and same.plus == same.minus == 0
+    assert paired_sign_test([1] * 5, [0] * 5).min_p > 0.05  # five pairs can never reach 5%
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sign_test_is_mcnemar_exact(seed):
+    from scipy.stats import binomtest
+
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(0, 2, 40), rng.integers(0, 2, 40)
+    t = paired_sign_test(a.tolist(), b.tolist())
+    k, m = int(((a == 1) & (b == 0)).sum()), int((a != b).sum())
+    assert t.p == pytest.approx(binomtest(k, m, 0.5).pvalue, rel=1e-9)
+
+
+def test_stratified_test_equals_brute_force_enumeration():
+    """Unequal cells weigh their pairs 1/(C n_c): the convolution equals enumerating every flip."""
+    import itertools
+
+    a = [[1, 1, 0, 1], [1, 0, 0, 1, 1, 0, 1], [0.5, 1.0, 0.0]]
+    b = [[0, 1, 1, 0], [0, 0, 1, 0, 1, 0, 0], [0.0, 0.0, 0.5]]
+    w, d = [], []
+    for x, y in zip(a, b):
+        for xi, yi in zip(x, y):
+            w.append(1 / (3 * len(x)))
+            d.append(xi - yi)
+    t_obs = abs(sum(wi * di for wi, di in zip(w, d)))
+    nz = [(wi, di) for wi, di in zip(w, d) if di != 0]
+    hits = sum(
+        abs(sum(s * wi * abs(di) for s, (wi, di) in zip(signs, nz))) >= t_obs - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(nz))
+    )
+    got = paired_sign_test(a, b)
+    assert got.method == "stratified exact sign-flip"
+    assert got.p == pytest.approx(hits / 2 ** len(nz), rel=1e-9)
+    mc = paired_sign_test(a, b, max_states=1)  # forced onto the Monte Carlo path
+    assert mc.method.startswith("sign-flip, Monte Carlo") and mc.p == pytest.approx(got.p, abs=0.01)
+
+
+def test_holm_step_down():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, float("nan"), 0.001])[2] == pytest.approx(0.002)
+    assert math.isnan(holm([float("nan")])[0])

@@ -14,7 +14,12 @@ number comes with its sample count and a 95% interval (``stats.py``):
   whose numerator is all zero gets Wilson's upper bound instead (``stats.paired_bootstrap_ratio``);
 - perplexity: bootstrap over windows of (nll_sum, n_tokens).
 
-A difference is called larger than its noise when its paired interval excludes 0.
+A difference between two methods is called larger than its noise only by an exact test: the
+paired sign-flip test over the samples both ran (McNemar's exact test for one cell of 0/1 scores,
+stratified by cell for BABILong's average of five tasks), with Holm's correction over the
+comparisons the report lists (head-to-head comparisons as one family, each method against full
+attention as another). Bootstrap intervals are shown for scale and never decide; one printed from
+fewer than ``MIN_INTERVAL_PAIRS`` pairs at zero width reads "n too small".
 
 :func:`write_report` renders any run folder the CLI writes: long-context runs (``results.jsonl``
 from ``eval``/``compare``, with a ``short/`` lm-eval section when there is one), lm-eval runs
@@ -40,9 +45,10 @@ from .stats import (
     bootstrap_mean_interval,
     bootstrap_ppl_interval,
     equal_weight_size,
-    exceeds_noise,
+    holm,
     paired_bootstrap_diff,
     paired_bootstrap_ratio,
+    paired_sign_test,
     wilson_interval,
 )
 
@@ -84,12 +90,11 @@ HEADLINE_FAMILIES = ("niah_single_1", "niah_single_2", "niah_single_3", "babilon
 # Bootstrap replicates per interval. 2000 puts the 2.5% and 97.5% percentiles 50 replicates from
 # the ends, and a whole report still takes well under a second.
 N_BOOT = 2000
-# Below this many pairs a percentile bootstrap is visibly too narrow (with 2 pairs it can take
-# only three values); the report says so next to its claims.
-FEW_PAIRS = 10
-# Below this many paired samples no difference is called: a bootstrap over one or two pairs has a
-# (near) zero-width interval that says nothing about the noise.
-MIN_CLAIM_PAIRS = 5
+# The level of every decision, after Holm's correction within its family.
+ALPHA = 0.05
+# A zero-width bootstrap interval from fewer pairs than this says nothing about the noise (at
+# n = 10 every resample of ten equal pairs is the same): it is printed as "n too small".
+MIN_INTERVAL_PAIRS = 30
 
 
 def _mean(xs: list[float]) -> float:
@@ -156,6 +161,22 @@ class _Samples:
                     ca.append([da[k] for k in keys])
                     cb.append([db[k] for k in keys])
         return ca, cb
+
+
+def _decide(diffs: list[dict]) -> None:
+    """Holm-adjust the exact tests' p-values in place and set ``beyond_noise``.
+
+    Two families: the head-to-head comparisons (the paper's questions) and each method against full
+    attention (recovery), so that adding methods to one does not dilute the other.
+    """
+    for against_full in (False, True):
+        fam = [d for d in diffs if (d["b"] == "full") == against_full and not d["too_few"]]
+        for d, q in zip(fam, holm([d["p"] for d in fam])):
+            d["p_holm"] = q
+            d["beyond_noise"] = q <= ALPHA
+    for d in diffs:
+        d.setdefault("p_holm", float("nan"))
+        d.setdefault("beyond_noise", False)
 
 
 def _comparison_pairs(methods) -> list[tuple[str, str]]:
@@ -333,6 +354,7 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
                 if not ca:
                     continue
                 d = paired_bootstrap_diff(ca, cb, **boot)
+                t = paired_sign_test(ca, cb, alpha=ALPHA)
                 out["differences"].append(
                     {
                         "family": fam,
@@ -342,8 +364,12 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
                         "mean_a": 100.0 * _mean([_mean(c) for c in ca]),
                         "mean_b": 100.0 * _mean([_mean(c) for c in cb]),
                         **_iv(d, 100.0),
-                        "too_few": d.n < MIN_CLAIM_PAIRS,
-                        "beyond_noise": d.n >= MIN_CLAIM_PAIRS and exceeds_noise(d),
+                        "p": t.p,
+                        "test": t.method,
+                        "discordant": [t.plus, t.minus],
+                        "mdd": 100.0 * t.mdd,
+                        # No data on so few pairs could reach the level: say so, decide nothing.
+                        "too_few": t.min_p > ALPHA,
                     }
                 )
         for a, b in _swa_lolcats_pairs(methods):
@@ -355,6 +381,7 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
             if by_len:
                 out["swa_vs_lolcats"].setdefault(f"{a} / {b}", {})[fam] = by_len
 
+    _decide(out["differences"])
     for m, by_len in ppl.items():
         out["ppl"][m] = {}
         for L, p in sorted(by_len.items()):
@@ -446,8 +473,22 @@ def _fmt_iv(d: dict | None, key: str = "mean", digits: int = 1, unit: str = "") 
         return "–"
     if d.get("flag") == ZERO_DENOMINATOR:
         return "∞ (÷0)" if not _isnan(d[key]) else "– (0 ÷ 0)"
-    bounds = "" if _isnan(d["lo"]) else f" [{_fmt(d['lo'], digits)}, {_fmt(d['hi'], digits)}]"
+    if _isnan(d["lo"]):
+        bounds = ""
+    elif _zero_width(d):
+        bounds = " [n too small]"
+    else:
+        bounds = f" [{_fmt(d['lo'], digits)}, {_fmt(d['hi'], digits)}]"
     return f"{_fmt(d[key], digits)}{unit}{bounds}"
+
+
+def _zero_width(d: dict) -> bool:
+    """A bootstrap interval of zero width from fewer than ``MIN_INTERVAL_PAIRS`` samples: no
+    evidence of no noise, just too few samples to show any (Wilson intervals never collapse)."""
+    lo, hi, n = d.get("lo"), d.get("hi"), d.get("n") or 0
+    if _isnan(lo) or _isnan(hi) or math.isinf(lo) or math.isinf(hi):
+        return False
+    return n < MIN_INTERVAL_PAIRS and abs(hi - lo) <= 1e-9 * max(1.0, abs(lo), abs(hi))
 
 
 def _len_label(L: int) -> str:
@@ -639,15 +680,16 @@ def _differences_section(s: dict) -> list[str]:
     lines = [
         "## Which differences are larger than their noise",
         "",
-        "A difference (a − b, points) counts when its 95% paired bootstrap interval over the samples "
-        "both methods ran excludes 0.",
+        "A difference (a − b, points) counts when an exact paired test rejects equality at 5% after "
+        "Holm's correction: the sign test on the discordant pairs (McNemar's exact test) for one task, "
+        "the same sign-flip test stratified by task for BABILong's average. Holm's families are the "
+        "head-to-head comparisons below and, separately, each method against full attention. p is the "
+        "test's, Holm's adjusted value in brackets; the 95% paired bootstrap interval is shown for scale "
+        "and decides nothing. Where no outcome on the pairs could reach 5% (fewer than 6 pairs), no "
+        "decision is made: too few samples to tell. mdd is the smallest difference the test could call "
+        "on that cell's pairs (every discordant pair one way).",
+        "",
     ]
-    if min(d["n"] for d in diffs) < FEW_PAIRS:
-        lines[-1] += (
-            f" Some cells have fewer than {FEW_PAIRS} pairs; there the bootstrap interval is too narrow, "
-            "so read those claims as indications."
-        )
-    lines.append("")
     groups: dict = defaultdict(list)
     for d in diffs:
         groups[(d["a"], d["b"])].append(d)
@@ -666,6 +708,16 @@ def _differences_section(s: dict) -> list[str]:
     return lines
 
 
+def _fmt_p(d: dict) -> str:
+    """``p=0.004 [Holm 0.03]``, or ``p=0.093`` where Holm did not apply."""
+
+    def one(x: float) -> str:
+        return "<1e-4" if x < 1e-4 else f"{x:.2g}" if x < 0.01 else f"{x:.3f}".rstrip("0").rstrip(".")
+
+    text = f"p={one(d['p'])}"
+    return text if _isnan(d.get("p_holm")) else f"{text} [Holm {one(d['p_holm'])}]"
+
+
 def _by_family(ds: list[dict]) -> list[tuple[str, list[dict]]]:
     by_fam: dict = defaultdict(list)
     for d in ds:
@@ -682,10 +734,15 @@ def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
             verb = "beats" if d["estimate"] > 0 else "trails"
             said.append(
                 f"at {_len_label(d['length'])} {a} {verb} {b}: {_fmt(d['mean_a'])} vs {_fmt(d['mean_b'])}, "
-                f"difference {d['estimate']:+.1f} [{_fmt(d['lo'])}, {_fmt(d['hi'])}], n={d['n']}"
+                f"difference {d['estimate']:+.1f}{_fmt_iv(d, key='estimate')[len(_fmt(d['estimate'])) :]}, "
+                f"n={d['n']}, {_fmt_p(d)}"
             )
     few = [f"{_len_label(d['length'])} (n={d['n']})" for d in ds if d.get("too_few")]
-    quiet = [_len_label(d["length"]) for d in ds if not d["beyond_noise"] and not d.get("too_few")]
+    quiet = [
+        f"{_len_label(d['length'])} ({_fmt_p(d)}, mdd {_fmt(d['mdd'])})"
+        for d in ds
+        if not d["beyond_noise"] and not d.get("too_few")
+    ]
     if few:
         said.append(f"too few samples to tell at {', '.join(few)}")
     if quiet:

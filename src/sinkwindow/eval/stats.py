@@ -13,7 +13,12 @@ samples form a cell and which samples pair up.
 - Two methods on the same samples (same task, length, index): :func:`paired_bootstrap_ratio`
   (recovery = method ÷ full, and the paper's SWA ÷ LoLCATs) and :func:`paired_bootstrap_diff`.
   Pairs are resampled together, so what both methods find hard cancels out of the noise.
-  :func:`exceeds_noise` says whether such an interval excludes the null value.
+  :func:`exceeds_noise` says whether such an interval excludes the null value (for display).
+- Decisions on paired scores: :func:`paired_sign_test`, the exact sign-flip test (for one cell of 0/1
+  scores, McNemar's exact test on the discordant pairs; for an average over cells, the same test
+  stratified by cell weights, exact by convolution), and :func:`holm` over a family of tests.
+  A bootstrap over ten binary pairs cannot carry a decision; these tests can, and they say when
+  too few pairs could never reject (``TestResult.min_p``).
 - Perplexity over windows: :func:`bootstrap_ppl_interval` resamples (nll_sum, n_tokens) pairs.
 
 Bootstrap intervals are percentile intervals over ``n_boot`` replicates drawn with
@@ -37,6 +42,9 @@ __all__ = [
     "bootstrap_ppl_interval",
     "equal_weight_size",
     "exceeds_noise",
+    "holm",
+    "paired_sign_test",
+    "TestResult",
     "paired_bootstrap_diff",
     "paired_bootstrap_ratio",
     "wilson_interval",
@@ -279,7 +287,9 @@ def exceeds_noise(interval: Interval, null: float = 0.0) -> bool:
     lo, hi = interval.lo, interval.hi
     if math.isnan(lo) or math.isnan(hi):
         return False
-    return lo > null or hi < null
+    # Bounds computed by averaging carry rounding residue (2.7e-15 for a tie): compare with a margin.
+    tol = TOLERANCE * max(1.0, abs(null), abs(lo), abs(hi))
+    return lo > null + tol or hi < null - tol
 
 
 def bootstrap_ppl_interval(
@@ -311,3 +321,131 @@ def bootstrap_ppl_interval(
     idx = np.random.default_rng(seed).integers(0, nll.size, size=(n_boot, nll.size))
     reps = np.exp(nll[idx].sum(axis=1) / cnt[idx].sum(axis=1))
     return Interval(estimate, *_percentile(reps, level), int(nll.size))
+
+
+# Floats that should be equal but come from averaging (a bootstrap bound of 2.7e-15 over five
+# tasks that all tie) are compared with this relative tolerance, never with a bare ``> 0``.
+TOLERANCE = 1e-9
+
+
+class TestResult(NamedTuple):
+    """An exact paired test of ``mean(a) == mean(b)``.
+
+    Attributes:
+        p: two-sided p-value.
+        n: pairs.
+        plus, minus: pairs where a > b and where a < b (the discordant pairs of 0/1 scores).
+        method: how ``p`` was computed (``"exact sign test"``, ``"stratified exact sign-flip"`` or
+            ``"sign-flip, Monte Carlo N"``).
+        min_p: the smallest p-value any outcome on these pairs could give (every pair discordant one
+            way). When it exceeds the level, no data on these pairs could reject: too few pairs.
+        mdd: the smallest |mean(a) − mean(b)| (in the scores' units) that could reach ``p <= alpha``:
+            the fewest pairs that must all differ one way, at their smallest weights.
+    """
+
+    p: float
+    n: int
+    plus: int
+    minus: int
+    method: str
+    min_p: float
+    mdd: float
+
+
+def paired_sign_test(
+    a: Sequence[float] | Sequence[Sequence[float]],
+    b: Sequence[float] | Sequence[Sequence[float]],
+    *,
+    alpha: float = 0.05,
+    max_states: int = 200_000,
+    n_mc: int = 200_000,
+    seed: int = 0,
+) -> TestResult:
+    """Exact test of a paired difference of means, by flipping the sign of each pair's difference.
+
+    The statistic is the report's difference, T = (1/C) Σ_c mean_c(a − b) over C cells (one cell:
+    the plain mean difference), i.e. Σ_i w_i·d_i with w_i = 1/(C·n_c). Under the null each pair's
+    two scores are exchangeable, so every d_i is +|d_i| or −|d_i| with probability 1/2,
+    independently. p = P(|T*| ≥ |T|). Pairs are grouped by |w_i·d_i|; within a group the number of
+    positive signs is Binomial(m, 1/2), and the groups are convolved exactly. For 0/1 scores in one
+    cell that is McNemar's exact test (the two-sided binomial test on the discordant pairs). Only
+    when the convolution would hold more than ``max_states`` values (many distinct fractional
+    differences) is p estimated from ``n_mc`` random sign flips (seeded), and ``method`` says so.
+
+    Args:
+        a, b: one cell (a flat sequence) or several cells, paired index by index.
+        alpha: the level that ``min_p`` and ``mdd`` refer to.
+
+    Raises:
+        ValueError: unpaired or empty cells.
+    """
+    from scipy.stats import binom
+
+    ca, cb = _paired_cells(a, b)
+    C = len(ca)
+    w = np.concatenate([np.full(x.size, 1.0 / (C * x.size)) for x in ca])
+    d = np.concatenate([x - y for x, y in zip(ca, cb)])
+    n = int(d.size)
+    plus, minus = int((d > 0).sum()), int((d < 0).sum())
+    v = np.abs(w * d)
+    scale = float(v.max()) if v.size else 0.0
+    nz = v > TOLERANCE * max(scale, 1e-300)
+    min_p = min(1.0, 2.0 * 0.5**n)
+    k_need = max(1, math.ceil(1 - math.log2(alpha)))
+    mdd = float(np.sort(w)[:k_need].sum()) if n >= k_need else NAN
+    if not nz.any():
+        return TestResult(1.0, n, plus, minus, "exact sign test", min_p, mdd)
+    t_obs = abs(float((w * d)[nz].sum()))
+    keys = np.round(v[nz] / scale, 9)
+    groups: dict[float, list[int]] = {}
+    for key, sign in zip(keys, np.sign(d[nz])):
+        g = groups.setdefault(float(key), [0, 0])
+        g[0] += 1
+        g[1] += sign > 0
+    tol = TOLERANCE * t_obs + 1e-12
+    states = 1
+    for m, _ in groups.values():
+        states *= m + 1
+    if states <= max_states:
+        # Distribution of T / scale as {value: probability}, one group at a time.
+        dist = {0.0: 1.0}
+        for key, (m, _) in groups.items():
+            xs = np.arange(m + 1)
+            pmf = binom.pmf(xs, m, 0.5)
+            contrib = key * (2 * xs - m)
+            nxt: dict[float, float] = {}
+            for t0, p0 in dist.items():
+                for c, pc in zip(contrib, pmf):
+                    t = round(t0 + float(c), 9)
+                    nxt[t] = nxt.get(t, 0.0) + p0 * float(pc)
+            dist = nxt
+        thr = t_obs / scale - tol / scale
+        p = sum(pr for t, pr in dist.items() if abs(t) >= thr)
+        method = "exact sign test" if len(groups) == 1 else "stratified exact sign-flip"
+    else:
+        rng = np.random.default_rng(seed)
+        vals = (w * np.abs(d))[nz]
+        hits = 0
+        for start in range(0, n_mc, 10_000):
+            k = min(10_000, n_mc - start)
+            signs = rng.integers(0, 2, size=(k, vals.size)) * 2 - 1
+            hits += int((np.abs(signs @ vals) >= t_obs - tol).sum())
+        p = (hits + 1) / (n_mc + 1)
+        method = f"sign-flip, Monte Carlo {n_mc}"
+    return TestResult(min(1.0, float(p)), n, plus, minus, method, min_p, mdd)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order (NaN stays NaN and is not counted).
+
+    Reject hypothesis i at family-wise level alpha when ``holm(ps)[i] <= alpha``.
+    """
+    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    order = sorted(idx, key=lambda i: pvalues[i])
+    m = len(order)
+    out = [NAN] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out

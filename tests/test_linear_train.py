@@ -600,3 +600,88 @@ def test_cli_trains_liger_in_one_lora_stage(tmp_path, tiny_folder, alpaca_file, 
     assert config["lr_finetune"] == 1e-3 and config["lora"]["alpha"] == 8  # Liger's recipe, not LoLCATs'
     model, _ = sinkwindow.load(str(tiny_folder), method=f"liger:{W}", checkpoint=str(out))
     assert sinkwindow.linear.get_retrofit(model).variant.kind == "liger"
+
+
+def test_a_resumed_stage_with_another_validation_set_restarts_its_best(tmp_path, alpaca_file):
+    data = load_training_data(
+        CharTokenizer(), alpaca_file, seq_len=32, max_train_tokens=900, val_rows=200, val_chunks=3
+    )
+
+    def run(tokens, val_batches, strip_key=False):
+        model = convert(tiny_model("llama"), f"lolcats:{W}")
+        cfg = StageConfig(
+            "transfer",
+            lr=1e-2,
+            tokens=tokens,
+            grad_accum=2,
+            eval_every=2,
+            save_every=1,
+            val_batches=val_batches,
+        )
+        if strip_key:  # a trainer.pt written before the key was recorded
+            st = torch.load(tmp_path / "s" / "trainer.pt", weights_only=False)
+            del st["val_key"]
+            torch.save(st, tmp_path / "s" / "trainer.pt")
+        return run_stage(
+            model, prepare_transfer(model), transfer_step, data, cfg, tmp_path / "s", progress=False
+        )
+
+    def val_rows():
+        rows = [json.loads(line) for line in (tmp_path / "s" / "log.jsonl").read_text().splitlines()]
+        return [r for r in rows if "val_loss" in r]
+
+    first = run(2 * 2 * 32, 1)
+    assert [r["step"] for r in val_rows()] == [0, 2]
+    # Same validation set, legacy trainer.pt: no re-baseline, the best carries over.
+    same = run(4 * 2 * 32, 1, strip_key=True)
+    assert [r["step"] for r in val_rows()] == [0, 2, 4]
+    assert same.best_val <= first.best_val
+    # More validation chunks: evaluated again at the resume step, and the best starts from there.
+    more = run(6 * 2 * 32, 3, strip_key=True)
+    rows = val_rows()
+    assert [r["step"] for r in rows] == [0, 2, 4, 4, 6]
+    assert [r["val_chunks"] for r in rows] == [1, 1, 1, 3, 3]
+    assert more.best_val == pytest.approx(min(r["val_loss"] for r in rows[3:]))
+    assert more.best_step in (4, 6)
+
+
+def test_swa_lora_trains_lolcats_stage2_recipe_then_loads_and_reverts(tmp_path, alpaca_file):
+    """SWA(w, s) + LoRA, the equal-budget control: one LoRA stage on the SWA-patched model."""
+    import sinkwindow
+    from sinkwindow.linear import revert
+
+    spec = f"swa:{W}:2"
+    kwargs = dict(
+        data=str(alpaca_file), transfer_tokens=999, finetune_tokens=3 * 2 * 32, seq_len=32, grad_accum=2,
+        eval_every=2, save_every=1, val_batches=2, progress=False,
+        convert_options={"feature_map": "hedgehog", "init": "identity", "affine": False},
+    )  # fmt: skip
+    model = tiny_model("llama")
+    summary = train_baseline(model, CharTokenizer(), spec, tmp_path / "run", **kwargs)
+    assert summary["finished"] and set(summary["stages"]) == {"finetune"}
+    stage = summary["stages"]["finetune"]
+    assert stage["lr"] == pytest.approx(1e-3) and stage["best_val"] < stage["first_val"]
+    meta = read_metadata(tmp_path / "run")
+    assert meta["spec"] == spec and meta["variant"] == {"kind": "swa", "window": W, "sinks": 2}
+    assert meta["lora"]["alpha"] == 16 and meta["lora"]["targets"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
+
+    ids = ids_for(1, 3 * W)
+    base = tiny_model("llama")
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        loaded = tiny_model("llama")
+        load_checkpoint(loaded, tmp_path / "run")
+        got = loaded(ids, use_cache=False).logits
+        with sinkwindow.apply(base, spec):
+            swa_only = base(ids, use_cache=False).logits
+        full = base(ids, use_cache=False).logits
+    assert torch.equal(got, want)
+    assert (want - swa_only).abs().max() > 1e-4  # LoRA really trained
+    # Without LoRA the same attention is plain SWA(w, s): LoRA's B starts at 0.
+    fresh = convert(tiny_model("llama"), spec)
+    add_lora(fresh, r=8, alpha=16)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(ids, use_cache=False).logits, swa_only, atol=0, rtol=0)
+    revert(loaded)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, use_cache=False).logits, full, atol=0, rtol=0)

@@ -263,13 +263,19 @@ def method(text: str) -> str:
 
 
 def linear_method(text: str) -> str:
-    """A method spec of a trained baseline (``lolcats:W``, ``liger:W`` or ``linear``)."""
+    """A method spec ``sinkwindow train`` trains: ``lolcats:W``, ``liger:W``, ``linear``, or ``swa:W:S`` (+ LoRA)."""
     from .spec import parse_spec
 
     spec = method(text)
-    if not parse_spec(spec).is_linear:
+    parsed = parse_spec(spec)
+    plain_swa = (
+        parsed.kind == "swa"
+        and parsed.positions == "absolute"
+        and not (parsed.full_layers or parsed.full_heads)
+    )
+    if not (parsed.is_linear or plain_swa):
         raise argparse.ArgumentTypeError(
-            f"{spec} needs no training: train the linear baselines, lolcats:W (e.g. lolcats:64), liger:W or linear"
+            f"{spec} is not trained: train lolcats:W (e.g. lolcats:64), liger:W, linear, or swa:W:S (SWA + LoRA)"
         )
     return spec
 

@@ -94,9 +94,11 @@ CACHE_ATTR = "_sinkwindow_cache"
 ROPE_ATTR = "_sinkwindow_rope"
 # Liger's feature map: softmax over the head dimension of the pre-RoPE q and k, no parameters.
 LIGER_FEATURE_MAP = "softmax"
-KINDS = ("linear", "lolcats", "liger")
+KINDS = ("linear", "lolcats", "liger", "swa")
 # Fields only Liger uses; left out of other kinds' checkpoint metadata, which stays as it was.
 _LIGER_FIELDS = ("mix", "gate_normalizer")
+# Feature-map fields, which SWA + LoRA (kind "swa") has none of.
+_FEATURE_FIELDS = ("feature_map", "feature_dim", "init", "window_factor_init", "affine", "eps")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ class LinearVariant:
         mix: Liger only: weights of the window and the GLA branch, (0.5, 0.5) as in Liger;
             (1, 0) leaves SWA(w, 0).
         gate_normalizer: Liger only: g = logsigmoid(k) / gate_normalizer (16).
+        sinks: ``swa`` only: S of SWA(w, S). Kind ``swa`` is the equal-budget control of the
+            linear baselines: the model's own softmax attention under SWA(w, S) (``sinkwindow.apply``)
+            plus LoRA trained with ``lolcats:W``'s stage-2 recipe; it has no feature maps.
     """
 
     kind: str
@@ -131,11 +136,12 @@ class LinearVariant:
     eps: float = 1e-12
     mix: tuple[float, float] = LIGER_MIX
     gate_normalizer: float = LIGER_GATE_NORMALIZER
+    sinks: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(
-                f"linear baselines are 'linear', 'lolcats:W' or 'liger:W', got kind {self.kind!r}"
+                f"trained baselines are 'linear', 'lolcats:W', 'liger:W' or 'swa:W:S' (+ LoRA), got kind {self.kind!r}"
             )
         if (self.kind == "linear") == (self.window is not None):
             raise ValueError(f"'{self.kind}' {'takes no' if self.kind == 'linear' else 'needs a'} window")
@@ -146,6 +152,20 @@ class LinearVariant:
         object.__setattr__(self, "gate_normalizer", float(self.gate_normalizer))
         if len(self.mix) != 2:
             raise ValueError(f"mix must be (window weight, GLA weight), got {self.mix!r}")
+        if self.sinks < 0 or (self.sinks and self.kind != "swa"):
+            raise ValueError(f"sinks are an swa:W:S option (>= 0), got {self.sinks} for {self.kind}")
+        if self.kind == "swa":
+            defaults = LinearVariant("lolcats", window=1)
+            if any(
+                getattr(self, f) != getattr(defaults, f) for f in _FEATURE_FIELDS if f != "feature_map"
+            ) or (self.feature_map not in (None, "hedgehog")):
+                raise ValueError("swa:W:S + LoRA has no feature maps or window factors; drop those options")
+            if self.mix != LIGER_MIX or self.gate_normalizer != LIGER_GATE_NORMALIZER:
+                raise ValueError("mix and gate_normalizer are liger:W options, not swa's")
+            object.__setattr__(self, "feature_map", None)
+            if self.window <= self.sinks:
+                raise ValueError(f"swa:W:S needs W > S, got W={self.window}, S={self.sinks}")
+            return
         if self.kind == "liger":
             if self.feature_map is None:
                 object.__setattr__(self, "feature_map", LIGER_FEATURE_MAP)
@@ -171,10 +191,15 @@ class LinearVariant:
 
     @property
     def spec(self) -> MethodSpec:
+        if self.kind == "swa":
+            return MethodSpec("swa", window=self.window, sinks=self.sinks)
         return MethodSpec(self.kind, window=self.window)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if self.kind == "swa":
+            return {"kind": "swa", "window": self.window, "sinks": self.sinks}
+        d.pop("sinks")
         if self.kind == "liger":
             d["mix"] = list(self.mix)
         else:

@@ -190,7 +190,7 @@ def load_checkpoint(model: PreTrainedModel, path: str | os.PathLike, strict: boo
     else:
         opts = variant.to_dict()
         kind, window = opts.pop("kind"), opts.pop("window")
-        convert(model, MethodSpec(kind, window=window), **opts)
+        convert(model, MethodSpec(kind, window=window, sinks=opts.pop("sinks", 0)), **opts)
     rf = get_retrofit(model)
     if meta.get("lora") and rf.lora is None:
         from .finetune import add_lora  # noqa: PLC0415 - peft is optional

@@ -31,7 +31,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..attributes import CACHE_FACTORY_ATTR
-from ..patch import active_spec, check_supported, text_config
+from ..patch import active_spec, apply, check_supported, text_config
 from ..rope import rope_for_model, rotate_half
 from ..spec import MethodSpec, parse_spec
 from .attention import (
@@ -197,9 +197,10 @@ def convert(
             converted or patched.
     """
     spec = parse_spec(spec)
-    if not spec.is_linear:
+    if not (spec.is_linear or _is_swa_lora(spec)):
         raise ValueError(
-            f"convert() builds linear baselines ('linear', 'lolcats:W', 'liger:W'); use sinkwindow.apply for {spec}"
+            f"convert() builds trained baselines ('linear', 'lolcats:W', 'liger:W', 'swa:W:S' for SWA + LoRA); "
+            f"use sinkwindow.apply for {spec}"
         )
     check_supported(model)
     if is_converted(model):
@@ -210,6 +211,17 @@ def convert(
         raise ValueError(
             f"model is patched with {active_spec(model)}; restore it with sinkwindow.apply(model, 'full') first"
         )
+    if spec.kind == "swa":
+        # SWA + LoRA: the model's own attention under SWA(w, s); the record only carries the LoRA
+        # settings (``finetune.add_lora``) and what ``revert`` must undo.
+        variant = LinearVariant("swa", window=spec.window, sinks=spec.sinks)
+        apply(model, spec)
+        rf = Retrofit(
+            variant=variant, impl=model.config._attn_implementation, num_layers=len(attention_modules(model))
+        )
+        setattr(model, RETROFIT_ATTR, rf)
+        logger.info("converted %s to %s + LoRA", type(model).__name__, spec)
+        return model
     variant = LinearVariant(
         kind=spec.kind,
         window=spec.window,
@@ -254,6 +266,11 @@ def convert(
     return _install(model, rf, mods, spec, H)
 
 
+def _is_swa_lora(spec: MethodSpec) -> bool:
+    """A plain SWA(w, s) spec (no hybrid units, absolute positions): what SWA + LoRA trains on."""
+    return spec.kind == "swa" and spec.positions == "absolute" and not (spec.full_layers or spec.full_heads)
+
+
 def _install(
     model: PreTrainedModel, rf: Retrofit, mods: list[nn.Module], spec: MethodSpec, H: int
 ) -> PreTrainedModel:
@@ -284,6 +301,10 @@ def revert(model: PreTrainedModel) -> PreTrainedModel:
         from .finetune import remove_lora  # noqa: PLC0415 - peft is optional
 
         remove_lora(model)
+    if rf.variant.kind == "swa":
+        delattr(model, RETROFIT_ATTR)
+        apply(model, "full")
+        return model
     for h in rf.hooks:
         h.remove()
     for attn in rf.modules:

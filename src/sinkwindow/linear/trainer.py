@@ -26,6 +26,7 @@ finished step saved.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -44,7 +45,7 @@ from transformers import PreTrainedModel
 
 from ..spec import parse_spec
 from .attention import DEFAULT_WINDOW_FACTOR
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from .data import PackedData, load_training_data
 from .finetune import DEFAULT_LORA, LIGER_LORA
 
@@ -74,8 +75,13 @@ class Recipe:
 
 def recipe_for(spec: str) -> Recipe:
     """The training recipe of a linear baseline: LoLCATs' two stages, or Liger's single LoRA stage."""
-    if parse_spec(spec).kind == "liger":
+    kind = parse_spec(spec).kind
+    if kind == "liger":
         return Recipe(("finetune",), 1e-3, LIGER_LORA["alpha"], tuple(LIGER_LORA["targets"]))
+    if kind == "swa":
+        # The equal-budget control: lolcats:W's stage 2 as it was run (LoRA r 8 on q/k/v/o, alpha
+        # 16, lr 1e-3; benchmarks/training/README.md), with no attention transfer before it.
+        return Recipe(("finetune",), 1e-3, DEFAULT_LORA["alpha"], tuple(DEFAULT_LORA["targets"]))
     return Recipe(("transfer", "finetune"), 1e-4, DEFAULT_LORA["alpha"], tuple(DEFAULT_LORA["targets"]))
 
 
@@ -92,7 +98,7 @@ _UNSET_FEATURE_OPTIONS = {
 
 def _convert_options(spec: str, options: dict | None) -> dict:
     opts = dict(options or {})
-    if parse_spec(spec).kind == "liger":
+    if parse_spec(spec).kind in ("liger", "swa"):
         for name, unset in _UNSET_FEATURE_OPTIONS.items():
             if name in opts and opts[name] in unset:
                 del opts[name]
@@ -165,6 +171,32 @@ def _batch(ids: torch.Tensor, labels: torch.Tensor, index: int, b: int) -> tuple
     # Cycle through the chunks: a budget larger than the data runs extra epochs.
     rows = [(index * b + i) % len(ids) for i in range(b)]
     return ids[rows], labels[rows]
+
+
+def _val_rows(data: PackedData, val_batches: int, batch_size: int) -> int:
+    """How many validation chunks an evaluation reads (``_batch`` wraps around past the end)."""
+    return min(val_batches, math.ceil(len(data.val_ids) / batch_size)) * batch_size
+
+
+def _val_key(data: PackedData, val_batches: int, batch_size: int) -> str:
+    """A digest of the validation chunks an evaluation reads: losses on two keys are not comparable."""
+    rows = [i % len(data.val_ids) for i in range(_val_rows(data, val_batches, batch_size))]
+    h = hashlib.sha256()
+    for t in (data.val_ids[rows], data.val_labels[rows]):
+        h.update(t.to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _saved_val_key(st: dict, out: Path, data: PackedData, cfg: StageConfig) -> str:
+    """The validation key a saved stage was evaluated on.
+
+    ``trainer.pt`` files written before the key was recorded hold none; their checkpoint's stage
+    config names the chunk count, and validation chunks of one source are a prefix of each other.
+    """
+    if "val_key" in st:
+        return st["val_key"]
+    saved = read_metadata(out / "last.safetensors").get("stage_config", {})
+    return _val_key(data, saved.get("val_batches", cfg.val_batches), saved.get("batch_size", cfg.batch_size))
 
 
 @torch.no_grad()
@@ -296,6 +328,7 @@ def run_stage(
         opt, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
     )
     step, wall_prev, best_val, best_step, first_val, train_loss = 0, 0.0, math.inf, None, None, None
+    val_key, val_changed = _val_key(data, cfg.val_batches, cfg.batch_size), False
     if resume and state_path.exists():
         load_checkpoint(model, out / "last.safetensors")
         # On the CPU first: a run may resume on another device than it was saved from (a GPU run
@@ -314,6 +347,15 @@ def run_stage(
         )
         torch.set_rng_state(st["rng"])
         logger.info("resuming %s at step %d/%d", cfg.stage, step, steps_total)
+        if _saved_val_key(st, out, data, cfg) != val_key:
+            # Another validation set (more chunks, say): its losses are not comparable with the
+            # saved best, so the best and the plateau schedule start again from this step.
+            val_changed = True
+            best_val, best_step = math.inf, None
+            sched.best, sched.num_bad_epochs = sched.mode_worse, 0
+            logger.info(
+                "%s: the validation set changed; the best checkpoint restarts at step %d", cfg.stage, step
+            )
     else:
         # A fresh start: nothing of an earlier run in this folder may be mistaken for this one.
         for name in ("log.jsonl", "done.json", "trainer.pt", "last.safetensors", "best.safetensors"):
@@ -340,6 +382,7 @@ def run_stage(
             "first_val": first_val,
             "train_loss": train_loss,
             "rng": torch.get_rng_state(),
+            "val_key": val_key,
         }
         tmp = state_path.with_suffix(".tmp")
         torch.save(state, tmp)
@@ -367,6 +410,8 @@ def run_stage(
                 "step": step,
                 "tokens": step * tokens_per_step,
                 "val_loss": val,
+                "val_chunks": _val_rows(data, cfg.val_batches, cfg.batch_size),
+                "val_key": val_key,
                 "lr": opt.param_groups[0]["lr"],
                 "wall_s": round(wall(), 1),
             },
@@ -382,8 +427,10 @@ def run_stage(
             )
         return val
 
-    if step == 0:
+    if step == 0 or val_changed:
         evaluate()
+        if val_changed:
+            save_state()
     bar = tqdm(
         total=steps_total, initial=step, desc=cfg.stage, unit="step", disable=not progress, dynamic_ncols=True
     )

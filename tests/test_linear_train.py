@@ -685,3 +685,42 @@ def test_swa_lora_trains_lolcats_stage2_recipe_then_loads_and_reverts(tmp_path, 
     revert(loaded)
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids, use_cache=False).logits, full, atol=0, rtol=0)
+
+
+def test_start_from_a_stage1_checkpoint_on_longer_chunks(tmp_path, alpaca_file):
+    """A length variant: stage 1 continued from another run's maps, on longer chunks."""
+    kwargs = dict(
+        data=str(alpaca_file), transfer_tokens=2 * 2 * 32, finetune_tokens=0, grad_accum=2,
+        eval_every=2, save_every=1, val_batches=1, progress=False,
+    )  # fmt: skip
+    short = tiny_model("llama")
+    train_baseline(short, CharTokenizer(), f"lolcats:{W}", tmp_path / "short", seq_len=32, **kwargs)
+    stage1 = tmp_path / "short" / "transfer" / "best.safetensors"
+    model = tiny_model("llama")
+    summary = train_baseline(
+        model, CharTokenizer(), f"lolcats:{W}", tmp_path / "long", seq_len=64, start_from=stage1, **kwargs
+    )
+    config = json.loads((tmp_path / "long" / "config.json").read_text())
+    assert config["start_from"]["file"] == "best.safetensors" and len(config["start_from"]["sha256"]) == 64
+    assert config["data"]["source"] == "alpaca.jsonl" and len(config["data"]["sha256"]) == 64
+    # Step 0 of the long run evaluates the short run's maps, not the identity initialisation.
+    fresh = train_baseline(
+        tiny_model("llama"), CharTokenizer(), f"lolcats:{W}", tmp_path / "fresh", seq_len=64, **kwargs
+    )
+    assert summary["stages"]["transfer"]["first_val"] != pytest.approx(
+        fresh["stages"]["transfer"]["first_val"]
+    )
+    final = tiny_model("llama")
+    train_baseline(
+        final,
+        CharTokenizer(),
+        f"lolcats:{W}",
+        tmp_path / "short2",
+        seq_len=32,
+        **{**kwargs, "finetune_tokens": 64},
+    )
+    with pytest.raises(ValueError, match="holds LoRA"):
+        train_baseline(
+            tiny_model("llama"), CharTokenizer(), f"lolcats:{W}", tmp_path / "bad", seq_len=64,
+            start_from=tmp_path / "short2" / "model.safetensors", **kwargs,
+        )  # fmt: skip

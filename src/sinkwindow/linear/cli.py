@@ -42,6 +42,14 @@ def _data_source(text: str) -> str:
     return str(path)
 
 
+def _checkpoint_file(text: str) -> str:
+    """``--start-from``: a ``.safetensors`` file or a folder holding one, checked before any model loads."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no checkpoint at {path}")
+    return str(path)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
@@ -99,6 +107,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         convert_options={"affine": args.affine, "init": args.init, "feature_map": args.feature_map},
         model_name=args.model,
+        start_from=args.start_from,
     )
     try:
         from .curves import plot_curves
@@ -232,6 +241,13 @@ def register(subparsers) -> None:
         type=cli_args.real(0, what="--max-minutes"),
         default=None,
         help="stop resumably after this many minutes",
+    )
+    p.add_argument(
+        "--start-from",
+        type=_checkpoint_file,
+        default=None,
+        help="a stage-1 checkpoint (transfer/best.safetensors of another run) to start from instead of the "
+        "initialisation, e.g. to continue the paper recipe's attention transfer on longer --seq-len",
     )
     cli_args.add_no_resume(p, "--restart", help="ignore an existing run in --out and start over")
     cli_args.add_device(p)

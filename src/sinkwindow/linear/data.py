@@ -23,6 +23,7 @@ isolated from one another within a chunk (LINEAR.md §7.9).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -117,6 +118,14 @@ def _read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _chunk_text(tokenizer, text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = tokenizer(text, add_special_tokens=False).input_ids
     return pack([(ids, ids)], seq_len)
@@ -166,7 +175,8 @@ def load_training_data(
             raise FileNotFoundError(
                 f"training data {path} not found (give a .jsonl/.json/.txt file, or 'essays')"
             )
-        info.update(source=str(path))
+        # The file's name and digest, not its path: a path names one machine's disk.
+        info.update(source=path.name, sha256=_file_sha256(path))
         if path.suffix == ".txt":
             x, y = _chunk_text(tokenizer, path.read_text(encoding="utf-8"), seq_len)
             n_val = min(val_chunks, max(1, len(x) // 10))

@@ -517,6 +517,23 @@ def run_stage(
     return result
 
 
+def _start_from(model: PreTrainedModel, path: str | os.PathLike) -> dict:
+    """Load a stage-1 checkpoint into a converted ``model``; return what to record of it.
+
+    Raises:
+        ValueError: the checkpoint holds LoRA (a finished run, not a stage-1 state) or another variant.
+    """
+    from .adapters import file_sha256
+    from .checkpoint import resolve_checkpoint
+
+    p = resolve_checkpoint(path)
+    meta = read_metadata(p)
+    if meta.get("lora"):
+        raise ValueError(f"{p} holds LoRA adapters: start from a stage-1 (transfer) checkpoint instead")
+    load_checkpoint(model, p)
+    return {"file": p.name, "sha256": file_sha256(p), "spec": meta["spec"], "steps": meta.get("step")}
+
+
 def train_baseline(
     model: PreTrainedModel,
     tokenizer,
@@ -542,6 +559,7 @@ def train_baseline(
     progress: bool = True,
     convert_options: dict | None = None,
     model_name: str | None = None,
+    start_from: str | os.PathLike | None = None,
 ) -> dict:
     """Convert ``model`` to ``spec`` and train it in its recipe's stages; write ``out_dir/model.safetensors``.
 
@@ -556,6 +574,10 @@ def train_baseline(
             1e-4, 16, q/k/v/o for LoLCATs and Hedgehog; 1e-3, 8, q/k/v for Liger.
         convert_options: keyword arguments of ``convert``. For Liger the feature-map options at
             their unset values (what the CLI always passes) are dropped.
+        start_from: a stage-1 checkpoint of the same spec (feature maps and window factors, no
+            LoRA) that a fresh run starts from instead of the initialisation, e.g. the paper
+            recipe's attention transfer continued on longer sequences. Ignored once the run has
+            saved state of its own (a resume continues from that).
 
     Returns:
         The run summary (also ``out_dir/summary.json``); ``"finished"`` is False when
@@ -608,10 +630,12 @@ def train_baseline(
         "threads": torch.get_num_threads(),
         "device": next(model.parameters()).device.type,
     }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
     if not is_converted(model):
         convert(model, spec, **convert_options)
-    meta = {"data": packed.info, "model_name": model_name}
+    if start_from is not None:
+        config["start_from"] = _start_from(model, start_from)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    meta = {"data": packed.info, "model_name": model_name, "start_from": config.get("start_from")}
 
     def remaining() -> float | None:
         return None if max_minutes is None else max(0.0, max_minutes - (time.perf_counter() - t_start) / 60)

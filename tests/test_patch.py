@@ -386,3 +386,29 @@ def test_bad_spec_and_linear_spec_rejected():
 def test_unknown_model_name():
     with pytest.raises(ValueError, match="unknown model 'no-such-model'.*smollm2-135m"):
         sinkwindow.load("no-such-model")
+
+
+@torch.no_grad()
+def test_models_built_from_one_config_do_not_share_a_patch():
+    """from_config hands one config object to both models; patching one must leave the other alone."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import tiny_config
+
+    cfg = tiny_config("llama")
+    torch.manual_seed(0)
+    a = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    b = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    b.load_state_dict(a.state_dict())
+    assert a.config is b.config  # the sharing this guards against
+    ids = _ids(40)
+    want = b(ids, use_cache=False).logits
+    sinkwindow.apply(a, "swa:8:2")
+    assert b(ids, use_cache=False).logits.equal(want)
+    assert b.config._attn_implementation == "sdpa" and a.config is not b.config
+    assert not torch.allclose(a(ids, use_cache=False).logits, want, atol=1e-3)
+    torch.testing.assert_close(
+        a(ids, use_cache=False).logits, reference_logits(b, ids, "swa:8:2").float(), atol=1e-4, rtol=0
+    )
+    sinkwindow.apply(a, "full")
+    torch.testing.assert_close(a(ids, use_cache=False).logits, want, atol=1e-5, rtol=0)

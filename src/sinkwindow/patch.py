@@ -21,6 +21,7 @@ interfaces, whatever the family's name.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
@@ -342,6 +343,26 @@ def _all_configs(model: PreTrainedModel) -> list:
     return out
 
 
+def _own_configs(model: PreTrainedModel) -> None:
+    """Give ``model`` config objects of its own before the plan and attention implementation go on them.
+
+    transformers hands one config object to every model built from it (``from_config(cfg)`` twice,
+    or a model and its copy made with the same config): a plan set on a shared config would switch
+    the masks, and ``set_attn_implementation`` the attention, of every other model on it. So each
+    module that holds the model's config (or its text config) gets the model's private copy.
+    """
+    main = model.config
+    text = text_config(model)
+    new_main = copy.deepcopy(main)
+    swap = {id(main): new_main}
+    if text is not main:
+        swap[id(text)] = new_main.get_text_config(decoder=True)
+    for module in model.modules():
+        cfg = module.__dict__.get("config")
+        if cfg is not None and id(cfg) in swap:
+            module.config = swap[id(cfg)]
+
+
 class _SinkWindowContext:
     """Mixed into the model's class by ``apply`` so ``with apply(model, spec):`` restores on exit.
 
@@ -498,6 +519,7 @@ def _apply(
     )
     _register()
     if state is None:
+        _own_configs(model)
         state = {"impl": model.config._attn_implementation}
         setattr(model, _STATE_ATTR, state)
 

@@ -47,19 +47,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if ids.shape[1] == 0:
         raise ValueError(f"--prompt {args.prompt!r} gives no tokens with this tokenizer: give some text")
     cache = sinkwindow.make_cache(model)
+    eos = getattr(model.generation_config, "eos_token_id", None)
     t0 = time.perf_counter()
     with torch.no_grad():
-        if ids.shape[1] > args.chunk_size and not spec.is_full:
-            # Long prompts: chunked prefill first so no n x n mask is ever built.
-            _, cache = sinkwindow.prefill(
-                model, ids[:, :-1], chunk_size=args.chunk_size, cache=cache, progress=not args.no_progress
-            )
-        out = model.generate(
+        # sinkwindow.generate is the one decode loop: chunked prefill of the whole prompt as the method
+        # runs it (evict:W:S dense, SWA windowed), positions checked before any compute. No flag but
+        # the method changes what it returns (--chunk-size only sets the prefill's granularity).
+        out = sinkwindow.generate(
+            model,
             ids,
+            args.max_new_tokens,
             cache=cache,
-            max_new_tokens=args.max_new_tokens,
-            do_sample=False,
+            chunk_size=args.chunk_size,
+            eos_token_id=tok.eos_token_id if eos is None else eos,
             pad_token_id=tok.pad_token_id,
+            progress=not args.no_progress,
         )
     elapsed = time.perf_counter() - t0
     new = out[0, ids.shape[1] :]

@@ -159,6 +159,7 @@ def generate(
     static: bool = False,
     compile: bool = False,
     on_token: Callable[[int, torch.Tensor], None] | None = None,
+    progress: bool = False,
 ) -> torch.Tensor:
     """Greedy or sampled decoding with chunked prefill and the bounded cache.
 
@@ -175,6 +176,7 @@ def generate(
         static: use the static ring-buffer cache.
         compile: ``torch.compile`` the decode step (implies ``static``).
         on_token: called as ``on_token(step, tokens[batch])`` after each new token (streaming).
+        progress: show a bar over the prefill's chunks.
 
     Returns:
         ``[batch, n + max_new_tokens]`` (fewer columns if every row stopped early).
@@ -202,7 +204,7 @@ def generate(
     device = input_device(model)
     input_ids = input_ids.to(device)
     logits, cache = prefill(
-        model, input_ids, chunk_size=chunk_size, cache=cache, attention_mask=attention_mask
+        model, input_ids, chunk_size=chunk_size, cache=cache, attention_mask=attention_mask, progress=progress
     )
     step = DecodeStep(model, cache, compile=compile)
     mask = None if attention_mask is None else attention_mask.to(device)

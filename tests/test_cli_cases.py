@@ -1,0 +1,65 @@
+"""CLI cases of the input audit (issue 34): no flag but the method may change what a command returns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sinkwindow.cli import main
+
+PROMPT = " ".join(f"w{2 + (7 * i) % 97}" for i in range(30))
+
+
+def _tokens(capsys, argv) -> list[str]:
+    assert main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    info = json.loads(out[-1])
+    return out[:-1], info
+
+
+@pytest.fixture
+def lolcats_checkpoint(tmp_path, tiny_folder):
+    """An untrained lolcats:8 checkpoint for the tiny model (its output, not its quality, is tested)."""
+    from sinkwindow.linear import convert, save_checkpoint
+
+    import sinkwindow
+
+    model, _ = sinkwindow.load(str(tiny_folder))
+    return save_checkpoint(convert(model, "lolcats:8"), tmp_path / "lolcats8.safetensors")
+
+
+@pytest.mark.parametrize(
+    "method", ["full", "swa:8:2", "evict:8:2", "swa:8:2:cache", "swa:8:2+full:1", "lolcats:8"]
+)
+def test_generate_does_not_depend_on_chunk_size(method, tiny_folder, lolcats_checkpoint, capsys):
+    """``generate --method evict:W:S`` used to prefill ``ids[:, :-1]`` above the chunk size and run the
+    last prompt token as a windowed decode step, so its answer changed with ``--chunk-size``."""
+    extra = ["--checkpoint", str(lolcats_checkpoint)] if method.startswith("lolcats") else []
+    runs = []
+    for chunk in ("4", "7", "64"):
+        text, info = _tokens(
+            capsys,
+            ["generate", "--model", str(tiny_folder), "--method", method, "--prompt", PROMPT,
+             "--max-new-tokens", "6", "--chunk-size", chunk, "--no-progress", *extra],
+        )  # fmt: skip
+        assert 16 < info["prompt_tokens"] < 64  # longer than two of the chunk sizes
+        runs.append(text)
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_generate_evict_equals_the_library_generate(tiny_folder, capsys):
+    import torch
+
+    import sinkwindow
+
+    text, _ = _tokens(
+        capsys,
+        ["generate", "--model", str(tiny_folder), "--method", "evict:8:2", "--prompt", PROMPT,
+         "--max-new-tokens", "6", "--chunk-size", "4", "--no-progress"],
+    )  # fmt: skip
+    model, tok = sinkwindow.load(str(tiny_folder), method="evict:8:2")
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = sinkwindow.generate(model, ids, 6, chunk_size=1024, eos_token_id=tok.eos_token_id)
+    assert text[0] == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)

@@ -21,9 +21,8 @@ def _tokens(capsys, argv) -> list[str]:
 @pytest.fixture
 def lolcats_checkpoint(tmp_path, tiny_folder):
     """An untrained lolcats:8 checkpoint for the tiny model (its output, not its quality, is tested)."""
-    from sinkwindow.linear import convert, save_checkpoint
-
     import sinkwindow
+    from sinkwindow.linear import convert, save_checkpoint
 
     model, _ = sinkwindow.load(str(tiny_folder))
     return save_checkpoint(convert(model, "lolcats:8"), tmp_path / "lolcats8.safetensors")

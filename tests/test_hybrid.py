@@ -283,7 +283,9 @@ def test_bench_fill_leaves_the_state_of_a_real_prefill():
     with runner:
         _, cache = runner.fill(ids, chunk_size=4)
         real = sinkwindow.prefill(model, ids, chunk_size=4).cache
-        assert cache.persisted_lengths() == real.persisted_lengths() == [7, n, 7]
+        # Layer 2 keeps KV head 0 full: its full head holds n keys, its windowed store W - 1.
+        assert cache.persisted_lengths() == real.persisted_lengths() == [7, n, n]
+        assert cache.window_lengths() == real.window_lengths() == [7, n, 7]
         assert cache.layers[2].full.n_persisted == real.layers[2].full.n_persisted == n
         assert cache_nbytes(cache) == cache_nbytes(real) == runner.analytic_bytes(n)
         # The next decode step runs at position n over the same shapes as after the real prefill.

@@ -695,7 +695,18 @@ class SinkWindowCache(Cache):
                 _load_layer_state(layer.full, saved["full"])
 
     def persisted_lengths(self) -> list[int]:
-        """Keys each layer holds right now (what decoding memory is made of)."""
+        """Keys each layer holds right now (what decoding memory is made of): for a layer with some
+        full KV heads, the most any of its heads holds (its full heads' store grows with the context)."""
+        return [
+            max(layer.n_persisted, layer.full.n_persisted)
+            if isinstance(layer, HybridHeadLayer)
+            else layer.n_persisted
+            for layer in self.layers
+        ]
+
+    def window_lengths(self) -> list[int]:
+        """Keys each layer's windowed store holds right now: the part SWA(w, s) bounds by w − 1
+        (a layer with full KV heads counts its SWA heads only; ``persisted_lengths`` counts all)."""
         return [layer.n_persisted for layer in self.layers]
 
     def nbytes(self) -> int:

@@ -384,7 +384,7 @@ def _cache_paths(
     most = [0] * len(cache.layers)
 
     def watch() -> None:
-        for i, n in enumerate(cache.persisted_lengths()):
+        for i, n in enumerate(cache.window_lengths()):
             most[i] = max(most[i], n)
 
     chunks = []
@@ -419,9 +419,12 @@ def _cache_paths(
             f"tokens {prompt}..{length - 1} one a forward on the bounded cache",
         ),
     ]
-    final = cache.persisted_lengths()
+    final = cache.window_lengths()
     over = [i for i, (m, b) in enumerate(zip(most, bounds)) if m > b]
     short = [i for i, (f, b) in enumerate(zip(final, bounds)) if f != min(length, b)]
+    # A layer with full KV heads must hold every token for them (from the spec, not the cache).
+    held = cache.persisted_lengths()
+    lost = sorted(i for i in {layer for layer, _ in spec.full_heads} if i < len(held) and held[i] != length)
     if len(most) != len(bounds):
         status, why = "fail", f"the cache has {len(most)} layers, the model {len(bounds)}"
     elif over:
@@ -435,6 +438,12 @@ def _cache_paths(
         status, why = (
             "fail",
             f"layer {i} holds {final[i]} entries after {length} tokens, expected {min(length, bounds[i])}",
+        )
+    elif lost:
+        i = lost[0]
+        status, why = (
+            "fail",
+            f"layer {i}'s full KV heads hold {held[i]} entries after {length} tokens, expected all {length}",
         )
     else:
         status, why = "pass", f"every layer at its bound after {length} tokens"

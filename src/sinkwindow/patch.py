@@ -481,6 +481,11 @@ def _apply(
     spec = parse_spec(spec)
     if native_sliding not in NATIVE_SLIDING_POLICIES:
         raise ValueError(f"native_sliding must be one of {NATIVE_SLIDING_POLICIES}, got {native_sliding!r}")
+    if attn_implementation is not None and attn_implementation not in _REQUESTABLE:
+        raise ValueError(
+            f"attn_implementation must be 'sdpa', 'eager' or 'flex' (or None to follow the model), "
+            f"got {attn_implementation!r}"
+        )
     check_supported(model)
     state = getattr(model, _STATE_ATTR, None)
     if getattr(model, RETROFIT_ATTR, None) is not None:
@@ -608,6 +613,10 @@ def _full_kv_heads(
     n_layers, kv_heads = text_config(model).num_hidden_layers, _kv_heads(model)
     spec.check_units(n_layers, kv_heads)
     return [spec.full_kv_heads(i, kv_heads) for i in range(n_layers)]
+
+
+# What ``apply(attn_implementation=...)`` takes; anything else is refused rather than run as SDPA.
+_REQUESTABLE = ("sdpa", "eager", SDPA_NAME, EAGER_NAME, *FLEX_ALIASES)
 
 
 def _attention_name(cls: type, requested: str | None, current: str) -> str:

@@ -1,0 +1,51 @@
+"""Python API cases of the input audit (issue 34): silent wrong results turned into right ones or errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sinkwindow
+from conftest import VOCAB, tiny_model
+
+
+def _ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_a_layer_with_full_kv_heads_reports_what_its_full_heads_hold():
+    """``persisted_lengths`` under ``+full:L.H`` used to say W − 1 while the full head held every key."""
+    model = tiny_model("llama")
+    spec = "swa:8:2+full:1.1"
+    sinkwindow.apply(model, spec)
+    _, cache = sinkwindow.prefill(model, _ids(30), chunk_size=7)
+    held, window = cache.persisted_lengths(), cache.window_lengths()
+    assert held[1] == 30 and window[1] == 7  # layer 1: KV head 1 holds all 30, the SWA head 7 (W − 1)
+    assert [h for i, h in enumerate(held) if i != 1] == [7] * (len(held) - 1)
+    assert cache.layers[1].full.keys.shape[-2] == 30
+
+
+def test_check_verifies_the_full_heads_of_a_hybrid_by_head(monkeypatch):
+    from sinkwindow.cache import SinkWindowCache
+    from sinkwindow.check import check_model
+
+    spec = sinkwindow.parse_spec("swa:8:2+full:1.1")
+    report = check_model(tiny_model("llama"), spec, seq_len=40, name="tiny")
+    by = {r.name: r for r in report.checks}
+    assert by["cache_entries"].status == "pass", by["cache_entries"].detail
+    # A cache that under-reports its full heads (what persisted_lengths did) now fails the check.
+    monkeypatch.setattr(SinkWindowCache, "persisted_lengths", SinkWindowCache.window_lengths)
+    report = check_model(tiny_model("llama"), spec, seq_len=40, name="tiny")
+    by = {r.name: r for r in report.checks}
+    assert (
+        by["cache_entries"].status == "fail" and "full KV heads hold 7 entries" in by["cache_entries"].detail
+    )
+
+
+@pytest.mark.parametrize("impl", ["bogus", "flash_attention_2", ""])
+def test_unknown_attn_implementation_is_refused(impl):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="attn_implementation must be 'sdpa', 'eager' or 'flex'"):
+        sinkwindow.apply(model, "swa:8:2", attn_implementation=impl)
+    assert sinkwindow.active_spec(model).is_full  # nothing was patched

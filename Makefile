@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-pinned.txt 2>/dev/null | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT ?= runs/demo
 
 .PHONY: venv demo test test-fast lint format clean
@@ -23,8 +23,9 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/sinkwindow compare --quick --out $(OUT)
 
+# --durations: the 20 slowest tests close every run, so a slow one shows where it was added.
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -143,3 +143,29 @@ def test_a_serial_eval_writes_its_thread_count_to_config_json(tiny_pair, tmp_pat
     }
     fingerprint = json.loads((tmp_path / "fingerprint.json").read_text())["settings"]
     assert not any("thread" in key for key in fingerprint)
+
+
+def test_an_automatic_count_is_re_decided_between_cells_and_an_asked_one_is_kept(monkeypatch, caplog):
+    """make demo on a fresh clone chose 1 thread in its first busy seconds and kept it for 20 minutes."""
+    import logging
+
+    monkeypatch.setattr(threads, "_CHOSEN", None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    load = {"busy": 1.0}
+    monkeypatch.setattr(threads, "busy_cores", lambda seconds=0.25: load["busy"])
+    before = torch.get_num_threads()
+    try:
+        assert threads.apply_threads(quiet=True).threads == 1
+        assert threads.rechoose_threads() is None  # still busy: no change, nothing logged
+        load["busy"] = 0.0
+        with caplog.at_level(logging.WARNING, logger="sinkwindow.threads"):
+            changed = threads.rechoose_threads()
+            assert changed is not None and changed.threads == 2 and torch.get_num_threads() == 2
+            assert threads.rechoose_threads() is None  # logged once per change
+        assert caplog.text.count("torch threads 1 -> 2") == 1
+        monkeypatch.setattr(threads, "_CHOSEN", None)
+        threads.apply_threads(1, quiet=True)  # --threads 1: kept whatever the machine does
+        assert threads.rechoose_threads() is None and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -17,13 +17,24 @@ count beside their results, never in a results fingerprint.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
 import time
 from typing import NamedTuple
 
-__all__ = ["ThreadChoice", "available_cores", "busy_cores", "choose_threads", "apply_threads", "BUSY_MARGIN"]
+__all__ = [
+    "ThreadChoice",
+    "available_cores",
+    "busy_cores",
+    "choose_threads",
+    "apply_threads",
+    "rechoose_threads",
+    "BUSY_MARGIN",
+]
+
+logger = logging.getLogger(__name__)
 
 # A core counts as taken by other work once they keep more than half of it busy: 0.4 cores of a
 # shell or a finishing install is noise; a single-thread job reads 0.9-1.0.
@@ -153,5 +164,32 @@ def apply_threads(requested: int | None = None, *, quiet: bool = False) -> Threa
     torch.set_num_threads(choice.threads)
     if not quiet:
         print(choice.describe(), file=sys.stderr, flush=True)
+    _CHOSEN = choice
+    return choice
+
+
+# Where a count came from that the user set: never re-decided.
+_ASKED = ("--threads", "OMP_NUM_THREADS")
+
+
+def rechoose_threads() -> ThreadChoice | None:
+    """Re-decide an automatic choice from a fresh sample of the machine, between units of work.
+
+    A long evaluation chose its count once, in its first seconds: on a fresh clone another process
+    (an install finishing) made it pick 1 thread and keep it for 20 minutes on a machine that was
+    soon idle. Call this between cells (never inside a timed measurement): a count the user set
+    (``--threads``, ``OMP_NUM_THREADS``) is kept; an automatic one follows the machine, and each
+    change is logged once. Returns the new choice when the count changed, else ``None``.
+    """
+    global _CHOSEN
+    if _CHOSEN is None or _CHOSEN.reason in _ASKED:
+        return None
+    import torch
+
+    choice = choose_threads(None)
+    if choice.threads == _CHOSEN.threads:
+        return None
+    logger.warning("torch threads %d -> %d (%s)", _CHOSEN.threads, choice.threads, choice.reason)
+    torch.set_num_threads(choice.threads)
     _CHOSEN = choice
     return choice

@@ -33,7 +33,7 @@ from ..patch import make_cache
 from ..prefill import input_device, prefill
 from ..spec import parse_spec
 from ..switch import use_method
-from ..threads import apply_threads
+from ..threads import apply_threads, rechoose_threads
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
 from .results import (
     ResultsStore,
@@ -663,6 +663,10 @@ def _run_cells(
         if bar is not None:
             bar.update(len(cell.indices))
             bar.set_postfix_str(f"cells {finished}/{len(cells)}; {cell.label()}")
+        if isinstance(scheduler, SerialScheduler):
+            # Between cells, an automatic thread count follows the machine (threads do not change
+            # results, only how long the next cell takes; workers keep their one thread).
+            rechoose_threads()
 
     try:
         failures = scheduler.run(job, cells, on_result)

@@ -83,7 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads((run / "summary.json").read_text())
     config = json.loads((run / "config.json").read_text())
     data = config.get("data", {})
+    # Runs record their data by file name and sha256; older runs recorded a path on their machine.
     data_file = Path(args.data_file or data.get("path") or data.get("source", ""))
+    data_name = data_file.name
+    data_sha = _sha256(data_file) if data_file.is_file() else data.get("sha256")
+    if data_sha is None:
+        raise SystemExit(
+            f"error: {data_file} not found and {run}/config.json records no sha256: pass --data-file"
+        )
 
     ADAPTER_DIR.mkdir(parents=True, exist_ok=True)
     dst = ADAPTER_DIR / f"{adapter_stem(args.model, args.method)}.safetensors"
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "file": dst.name,
         "sha256": file_sha256(dst),
         "bytes": dst.stat().st_size,
-        "data": dict(data, file=data_file.name, sha256=_sha256(data_file)),
+        "data": dict(data, source=data_name, file=data_name, sha256=data_sha),
         "tokens": {k: v["tokens"] for k, v in stages.items()},
         "steps": {k: v["steps"] for k, v in stages.items()},
         "val_loss": {

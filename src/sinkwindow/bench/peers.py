@@ -8,7 +8,8 @@ knows it):
   ``peer:static-full:eager`` choose. Rows name the resolved one, so a run never mixes the two.
 - ``peer:mistral-sw:W``: transformers' own sliding window, the model's weights in
   ``MistralForCausalLM`` with ``sliding_window = W`` and its stock cache (Llama-family models only).
-  It computes what ``swa:W:0`` does (the same logits, bit for bit), so ``swa:W:0`` ÷ peer is what
+  It computes what ``swa:W:0`` does (the same logits bit for bit in one forward; decode steps
+  differ by about 2e-5 in fp32), so ``swa:W:0`` ÷ peer is what
   sinkwindow's cache and masks cost over transformers' own.
 
 The runners are in ``methods`` (``FullStaticRunner``, ``MistralSlidingRunner``). This module only

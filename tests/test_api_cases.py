@@ -49,3 +49,41 @@ def test_unknown_attn_implementation_is_refused(impl):
     with pytest.raises(ValueError, match="attn_implementation must be 'sdpa', 'eager' or 'flex'"):
         sinkwindow.apply(model, "swa:8:2", attn_implementation=impl)
     assert sinkwindow.active_spec(model).is_full  # nothing was patched
+
+
+@torch.no_grad()
+def test_bad_inputs_get_one_line_naming_what_was_expected():
+    model = sinkwindow.apply(tiny_model("llama"), "swa:8:2")
+    ids = _ids(12)
+    with pytest.raises(
+        ValueError, match=r"input_ids must be integer token ids \(torch.long\), got torch.float32"
+    ):
+        model(ids.float())
+    with pytest.raises(ValueError, match="attention_mask has 2 rows for a batch of 1"):
+        model(ids, attention_mask=torch.ones(2, 12, dtype=torch.long))
+    _, cache = sinkwindow.prefill(model, ids, chunk_size=8)
+    with pytest.raises(ValueError, match="the cache holds 1 sequences but this forward has 2"):
+        model(torch.cat([ids, ids])[:, :1], cache=cache)
+
+
+def test_unreadable_model_and_checkpoint_files_get_one_line(tmp_path):
+    from sinkwindow.linear import convert, load_checkpoint, save_checkpoint
+    from sinkwindow.models import _check_gguf
+
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        _check_gguf(text)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x01")  # a header cut after its version
+    with pytest.raises(ValueError, match="is not a readable GGUF file .*truncated"):
+        _check_gguf(cut)
+
+    good = save_checkpoint(convert(tiny_model("llama"), "lolcats:8"), tmp_path / "good.safetensors")
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-64])
+    for bad in (empty, truncated):
+        with pytest.raises(ValueError, match="safetensors checkpoint|tensors cannot be read"):
+            load_checkpoint(tiny_model("llama"), bad)

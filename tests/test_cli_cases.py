@@ -62,3 +62,20 @@ def test_generate_evict_equals_the_library_generate(tiny_folder, capsys):
     with torch.no_grad():
         out = sinkwindow.generate(model, ids, 6, chunk_size=1024, eos_token_id=tok.eos_token_id)
     assert text[0] == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_a_ray_address_where_nothing_listens_fails_in_seconds(tiny_folder, tmp_path, capsys):
+    """``--ray 127.0.0.1:6390`` with nothing there used to hang for minutes ("Failed to connect to GCS")."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    rc = main(["eval", "ppl", "--model", str(tiny_folder), "--methods", "full", "--lengths", "16", "--samples", "1",
+               "--ray", f"127.0.0.1:{port}", "--no-progress", "--out", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert time.perf_counter() - t0 < 30
+    assert rc == 2 and f"nothing answers at Ray address 127.0.0.1:{port}" in err

@@ -182,6 +182,30 @@ def _converted_dir(gguf: Path) -> Path:
     return cache_root() / "converted" / f"{gguf.stem}-{key}"
 
 
+def _check_gguf(path: Path) -> None:
+    """Refuse a file that is not a whole GGUF before transformers fails on it with a traceback.
+
+    Raises:
+        ValueError: not a GGUF file (wrong magic), or one whose header or tensor table cannot be read
+            (a truncated download).
+    """
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): give a .gguf model file"
+        )
+    try:
+        from gguf import GGUFReader
+
+        GGUFReader(str(path))
+    except Exception as err:  # noqa: BLE001 - struct.error, ValueError, IndexError: any means unreadable
+        raise ValueError(
+            f"{path} is not a readable GGUF file ({type(err).__name__}: {err}); it is probably truncated: "
+            f"copy or download it again"
+        ) from err
+
+
 def _load_gguf(gguf: Path, dtype: torch.dtype, device_map: str | dict | None = None):
     """Load a GGUF file through transformers, via the safetensors conversion cache.
 
@@ -193,6 +217,7 @@ def _load_gguf(gguf: Path, dtype: torch.dtype, device_map: str | dict | None = N
 
     target = _converted_dir(gguf)
     if not ((target / "config.json").exists() and (target / "model.safetensors").exists()):
+        _check_gguf(gguf)
         logger.warning("de-quantising %s once (about 20-60 s); later loads use %s", gguf.name, target)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -220,7 +245,8 @@ def _save_converted(model, tokenizer, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
-        # save_pretrained() fails on GGUF-loaded models (DESIGN §5): save weights and config explicitly.
+        # save_pretrained() fails on GGUF-loaded models (docs/design.md §3.3): save weights and config
+        # explicitly.
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         model.config.save_pretrained(tmp)
         if model.generation_config is not None:

@@ -5,7 +5,7 @@
 see ``flex``), each as an attention function (``AttentionInterface``: the stock SDPA function, the
 model's own eager function, or flex) **and** a mask builder of the same name
 (``AttentionMaskInterface``). Registering only the attention would make ``create_causal_mask``
-find no builder and silently pass no mask at all (DESIGN §2). The window and sinks reach the
+find no builder and silently pass no mask at all (docs/design.md §2). The window and sinks reach the
 builder through the model config (``config._sinkwindow``, a plain dict).
 
 A forward pre-hook on the patched model plans each step on our cache (``SinkWindowCache.begin_step``):
@@ -818,6 +818,7 @@ def _plan_forward(module, args, kwargs):
     if q_len == 0:
         raise ValueError("empty input: a forward needs at least one token (give a non-empty prompt)")
     mask = kwargs.get("attention_mask")
+    _check_inputs(kwargs.get("input_ids", args[0] if args else None), mask, cache, x.shape[0])
     spec: MethodSpec = state["spec"]
     cache = _bounded_cache(module, state, cache, kwargs)
     if not isinstance(cache, SinkWindowCache):
@@ -836,6 +837,25 @@ def _plan_forward(module, args, kwargs):
     if plan.model_pos is not None and (spec.positions == "cache" or kwargs.get("position_ids") is None):
         kwargs["position_ids"] = plan.model_pos.expand(x.shape[0], -1)
     return args, kwargs
+
+
+def _check_inputs(input_ids, mask, cache, batch: int) -> None:
+    """One line for inputs the model would otherwise fail on deep inside (or silently misread)."""
+    if isinstance(input_ids, torch.Tensor) and (input_ids.is_floating_point() or input_ids.is_complex()):
+        raise ValueError(
+            f"input_ids must be integer token ids (torch.long), got {input_ids.dtype}: pass the tokenizer's ids"
+        )
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[0] != batch:
+        raise ValueError(
+            f"attention_mask has {mask.shape[0]} rows for a batch of {batch}: give one padding-mask row per sequence"
+        )
+    if isinstance(cache, SinkWindowCache) and cache.get_seq_length() > 0:
+        held = next((layer.keys.shape[0] for layer in cache.layers if layer.is_initialized), batch)
+        if held != batch:
+            raise ValueError(
+                f"the cache holds {held} sequences but this forward has {batch}: continue a cache with the same batch, "
+                f"or start a new one (sinkwindow.make_cache(model))"
+            )
 
 
 def _close_forward(module, args, kwargs, output):

@@ -497,6 +497,39 @@ def _import_ray():
     return ray
 
 
+# How long a Ray address may take to accept a TCP connection before it counts as not there.
+PROBE_SECONDS = 5.0
+
+
+def _probe(address: str, timeout: float = PROBE_SECONDS) -> None:
+    """Refuse, within seconds, a Ray address where nothing listens.
+
+    ``ray.init`` retries a missing GCS for minutes ("Failed to connect to GCS") before it fails;
+    a TCP connect to the address's host and port tells at once. ``auto`` (the cluster this machine
+    belongs to) is left to Ray.
+
+    Raises:
+        ValueError: a malformed address, or nothing accepting connections there.
+    """
+    import socket
+
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(
+            f"Ray address {address!r} has no port: give host:port or ray://host:port (e.g. ray://head:10001)"
+        )
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ValueError(
+            f"nothing answers at Ray address {address} ({err.strerror or err}): start the cluster "
+            f"(`ray start --head`) or give its address; --ray alone starts a local instance"
+        ) from None
+
+
 class RayScheduler(Scheduler):
     """Each cell a Ray task, on the cluster at ``address`` or on a local Ray instance.
 
@@ -531,6 +564,8 @@ class RayScheduler(Scheduler):
         if num_cpus <= 0:
             raise ValueError(f"num_cpus must be positive, got {num_cpus!r}")
         self.address = address or None
+        if self.address is not None:
+            _probe(self.address)
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self.max_retries = max_retries

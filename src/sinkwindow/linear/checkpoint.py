@@ -6,7 +6,7 @@ Liger adds no other parameters); its metadata holds a JSON document with the var
 window, feature map, activation, init, feature dim, affine, eps, and Liger's mix and gate), the LoRA
 settings, the base model's shape signature and training facts (stage, steps, tokens, data, losses).
 Loading converts a fresh model from that metadata, so a checkpoint cannot be loaded into the wrong
-variant (LINEAR.md §7.5).
+variant (docs/linear.md §7.4, §8).
 
 A checkpoint path is a file, or a folder: a training run (``model.safetensors``, else the best
 stage checkpoint inside) or a stage folder (``best.safetensors``).
@@ -136,8 +136,14 @@ def read_metadata(path: str | os.PathLike) -> dict:
     from safetensors import safe_open
 
     p = resolve_checkpoint(path)
-    with safe_open(str(p), framework="pt") as f:
-        raw = (f.metadata() or {}).get(META_KEY)
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            raw = (f.metadata() or {}).get(META_KEY)
+    except Exception as err:  # noqa: BLE001 - SafetensorError and OSError alike: the file is unusable
+        raise ValueError(
+            f"{p} is not a readable safetensors checkpoint ({type(err).__name__}: {err}); it is empty or "
+            f"truncated: export or train it again"
+        ) from err
     if raw is None:
         raise ValueError(f"{p} is not a sinkwindow linear-baseline checkpoint (no {META_KEY!r} metadata)")
     meta = json.loads(raw)
@@ -199,7 +205,12 @@ def load_checkpoint(model: PreTrainedModel, path: str | os.PathLike, strict: boo
         add_lora(
             model, r=lora["r"], alpha=lora["alpha"], dropout=lora.get("dropout", 0.0), targets=lora["targets"]
         )
-    tensors = load_file(str(p))
+    try:
+        tensors = load_file(str(p))
+    except Exception as err:  # noqa: BLE001 - a header that reads but data that does not
+        raise ValueError(
+            f"{p} holds a header but its tensors cannot be read ({type(err).__name__}: {err}): export or train it again"
+        ) from err
     params = dict(model.named_parameters())
     own = set(retrofit_state_dict(model))
     missing, unexpected = sorted(own - set(tensors)), sorted(set(tensors) - set(params))

@@ -26,7 +26,6 @@ from sinkwindow.eval.babi import (
     story_to_samples,
 )
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "babi"
 FILES = {
     "qa1": "qa1_single-supporting-fact",
     "qa2": "qa2_two-supporting-facts",
@@ -36,11 +35,17 @@ FILES = {
 }
 
 
-def real_file(task: str, split: str = "test", folder: str = "en") -> Path:
-    path = DATA / "babi_v1.2" / folder / f"{FILES[task]}_{split}.txt"
-    if not path.exists():
-        pytest.skip(f"real bAbI data not found at {path} (../shared/data/babi relative to the repo root)")
-    return path
+def shipped_file(name: str) -> Path:
+    """A file of the bAbI data that ships with the package (``sinkwindow/eval/data/babi/``)."""
+    from sinkwindow.eval.babi import shipped_babi_dir
+
+    return Path(str(shipped_babi_dir())) / name
+
+
+def real_file(task: str) -> Path:
+    """The public bAbI v1.2 test file of ``task``, as packaged (its ``en`` and ``en-10k`` test files
+    are identical)."""
+    return shipped_file(f"{FILES[task]}_test.txt")
 
 
 # An independent reader: answers a question from the fact sentences alone, and checks the facts
@@ -327,16 +332,13 @@ def test_loader_max_n_facts_counts_the_question_row():
 
 
 def test_rebuilds_babilong_0k_set_from_real_files():
-    index_file = DATA / "test_100_idxs.json"
-    if not index_file.exists():
-        pytest.skip(f"BABILong's test_100_idxs.json not found at {index_file}")
-    indices = json.loads(index_file.read_text())
+    indices = json.loads(shipped_file("test_100_idxs.json").read_text())
     for task in BABI_TASKS:
-        samples = load_babi_file(real_file(task, folder="en-10k"))
+        samples = load_babi_file(real_file(task))
         chosen = [samples[i] for i in indices[task]]
         assert len(chosen) == 100
         assert sum(replay(task, s.facts, s.question, strict=False) == s.answer for s in chosen) >= 98
-    qa1 = load_babi_file(real_file("qa1", folder="en-10k"))
+    qa1 = load_babi_file(real_file("qa1"))
     first = qa1[indices["qa1"][0]]
     # RMT-team/babilong 0k qa1[0], as published.
     assert first.input == (

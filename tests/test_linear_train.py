@@ -151,7 +151,7 @@ def test_stage1_loss_falls_within_20_steps():
     share = linear_share(model, held_out)
     assert losses[-1] < 0.9 * losses[0], losses
     assert val < val0
-    assert all(0.5 < s0 < 1 for s0 in share0)  # the linear term dominates at init (LINEAR.md §1.3)
+    assert all(0.5 < s0 < 1 for s0 in share0)  # the linear term dominates at init (docs/linear.md §1.3)
     assert sum(share) < sum(share0)
 
 

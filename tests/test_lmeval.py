@@ -74,8 +74,8 @@ EASY_FACTS = [
 
 
 def write_fixtures(root: Path, n: int = 6, mmlu_n: int = 1) -> Path:
-    """``n`` items per task (``mmlu_n`` per MMLU subject, all 57) in the ``../shared/data/short``
-    layout and schemas."""
+    """``n`` items per task (``mmlu_n`` per MMLU subject, all 57) in the layout and schemas of a
+    ``--data-dir`` folder (docs/data.md)."""
     arc = []
     for i in range(n):
         question, answer, *wrong = EASY_FACTS[i % len(EASY_FACTS)]

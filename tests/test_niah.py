@@ -33,7 +33,7 @@ from sinkwindow.eval.niah import (
     ruler_string_match_part,
 )
 
-# The exact singularised prompts from EVAL_SPECS §1.2 (RULER template + answer prefix, base model).
+# The exact singularised prompts from docs/evaluation.md §1.2 (RULER template + answer prefix, base model).
 SPEC_PROMPT = (
     "A special magic {v} is hidden within the following text. Make sure to memorize it. I will quiz you "
     "about the {v} afterwards.\n{context}\nWhat is the special magic {v} for {query} mentioned in the "

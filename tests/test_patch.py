@@ -65,7 +65,8 @@ def test_swa_matches_fp64_reference(family, attn, length, window, sinks):
 @torch.no_grad()
 @pytest.mark.parametrize("family,attn", family_impls(FAMILIES))
 def test_mask_really_applies(family, attn):
-    """Guards DESIGN §2's silent failure: attention registered without a mask builder masks nothing."""
+    """Guards the silent failure of docs/design.md §2: attention registered without a mask builder
+    masks nothing."""
     model = tiny_model(family, attn)
     ids = _ids(40)
     spec = "swa:8:2"

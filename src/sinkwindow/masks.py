@@ -6,7 +6,7 @@ positions. SWA(w, s) is one overlay composed with the stock primitives::
     causal AND (sink OR recent)      sink: kv < s      recent: kv > q - (w - s)
 
 so query i sees key j iff ``j <= i and (j < s or j > i - (w - s))``: s sinks plus the w - s most
-recent keys, itself included (DESIGN.md §1).
+recent keys, itself included (docs/design.md §1).
 
 Positions count each row's *real* tokens (``token_positions``: ``cumsum - 1`` of the padding mask, as
 ``generate`` computes them), so under padding the sinks are each row's first s real tokens.
@@ -362,7 +362,7 @@ def sinkwindow_eager_mask(
 ) -> torch.Tensor | None:
     """Mask builder for ``sinkwindow_eager``: additive float mask (0 / dtype min).
 
-    Eager attention adds the mask to the scores, so a boolean mask would mask nothing (DESIGN §5).
+    Eager attention adds the mask to the scores, so a boolean mask would mask nothing (docs/design.md §3.1).
     """
     q_offset, kv_offset, window_sinks = _route(config, local_size, q_offset, kv_offset)
     if window_sinks is None:

@@ -1,6 +1,6 @@
 """Decode benchmark: ms per token at context n, with the KV/state bytes and peak memory it takes.
 
-Method (gpt-fast's, STYLE.md §8): build the state at context n (a real prefill up to
+Method (gpt-fast's, docs/design.md §4): build the state at context n (a real prefill up to
 ``real_prefill_max`` tokens, else the runner's ``fill``, which leaves the same cache shapes and
 layout, see ``methods``), run ``warmup`` greedy decode steps that are not counted, then time
 ``steps`` single-token forwards, synchronising the device before every clock read. Each step is

@@ -36,7 +36,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # sinkwindow.linear keeps the recurrent state (S, z) in float32 whatever the model dtype (bf16
-# accumulation of z drifts over long streams, LINEAR.md §2.3).
+# accumulation of z drifts over long streams, docs/linear.md §7.2).
 LINEAR_STATE_BYTES = 4
 
 

@@ -108,8 +108,8 @@ def perplexity(
 def essay_token_windows(tokenizer, context: int, count: int, text: str | None = None) -> list[torch.Tensor]:
     """``count`` disjoint ``[1, context]`` windows of essay tokens, each starting at a document start.
 
-    Gemma-style tokenizers add ``<bos>`` (needed at the start of every window, DESIGN §5); the window
-    length counts it.
+    Gemma-style tokenizers add ``<bos>`` (needed at the start of every window, docs/design.md §3.2);
+    the window length counts it.
     """
     from .haystack import load_essays
 

@@ -5,7 +5,7 @@ RoPE and ``o_proj`` all run as before. Only the call to the attention kernel cha
 model's config names ``ATTN_NAME`` as its attention implementation. ``linear_attention_forward``
 then receives post-RoPE queries (b, H, L, D) and keys/values (b, Hkv, L, D), exactly what SDPA would
 get, and reads the learned pieces from the module itself (``feature_map_q``, ``feature_map_k``,
-``window_factors``, added by ``convert``). GQA follows LoLCATs (LINEAR.md §1.1): keys and values are
+``window_factors``, added by ``convert``). GQA follows LoLCATs (docs/linear.md §1.1): keys and values are
 expanded with ``repeat_kv`` before the key map, so there is one key map per query head.
 
 The attention function is not handed the cache, so ``convert`` adds a forward pre-hook to every
@@ -18,7 +18,7 @@ returns before the new ones as context, which is correct but grows like a normal
 Two modes (``Retrofit.mode``):
 
 - ``"student"``: the retrofit, Hedgehog linear attention, the LoLCATs hybrid or Liger.
-- ``"transfer"``: stage 1 teacher forcing (LINEAR.md §3). The layer returns the *teacher's*
+- ``"transfer"``: stage 1 teacher forcing (docs/linear.md §3). The layer returns the *teacher's*
   softmax output, so every later layer sees the original model's hidden states, and records the
   detached q, k, v and teacher output; ``transfer.py`` then computes all layers' student outputs
   in one batched kernel call and the MSE against the teachers. Gradients never cross layers.
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 ATTN_NAME = "sinkwindow_linear"
-# logit(0.1): LoLCATs' "w01" init, γ = 0.1 for the window term (LINEAR.md §1.3).
+# logit(0.1): LoLCATs' "w01" init, γ = 0.1 for the window term (docs/linear.md §1.3).
 DEFAULT_WINDOW_FACTOR = math.log(0.1 / 0.9)
 CACHE_ATTR = "_sinkwindow_cache"
 # Where the pre-hook keeps the attention module's (cos, sin) during its forward (Liger only).
@@ -103,7 +103,7 @@ _FEATURE_FIELDS = ("feature_map", "feature_dim", "init", "window_factor_init", "
 
 @dataclass(frozen=True)
 class LinearVariant:
-    """What a conversion builds; recorded in every checkpoint (LINEAR.md §7.5, §11).
+    """What a conversion builds; recorded in every checkpoint (docs/linear.md §7.4, §8).
 
     Attributes:
         kind: ``"lolcats"`` (sliding-window softmax + linear, one normaliser), ``"linear"``
@@ -518,7 +518,7 @@ def linear_attention_mask(
     The kernels are causal by construction, so no (L, L) mask is ever built. A padded batch gets
     its (b, T) ``True``-for-real-token flags of the T new tokens (the last T columns of the
     padding mask, which covers every column so far), and ``linear_attention_forward`` runs each
-    row's real tokens on their own (LoLCATs does not mask pads at all, LINEAR.md §7.6).
+    row's real tokens on their own (LoLCATs does not mask pads at all, docs/linear.md §7.5).
     """
     if attention_mask is None or attention_mask.ndim != 2 or bool(attention_mask.all()):
         return None

@@ -2,7 +2,7 @@
 
 A transformers ``Cache`` whose layers subclass ``CacheLayerMixin``, like the runtime's
 ``SinkWindowLayer``, so ``model.generate(ids, cache=...)`` and ``sinkwindow.prefill`` drive it
-unchanged. What one layer holds after t tokens (LINEAR.md §2.3)::
+unchanged. What one layer holds after t tokens (docs/linear.md §2.3)::
 
     S      (b, H, F, D)     Σ φk(k_j) v_jᵀ over every token behind the window, float32
     z      (b, H, F)        Σ φk(k_j), float32

@@ -19,7 +19,7 @@ from .. import args as cli_args
 
 __all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]
 
-# LoLCATs' GPU recipe: 2 epochs of ~10M Alpaca tokens per stage (LINEAR.md §6). Exact, not "20M":
+# LoLCATs' GPU recipe: 2 epochs of ~10M Alpaca tokens per stage (docs/linear.md §6). Exact, not "20M":
 # sizes mean k = 1024 here, as everywhere in the CLI.
 PAPER_TOKENS = 20_000_000
 # = feature_maps.FEATURE_MAPS' keys (a test keeps them equal; that module imports torch).
@@ -71,7 +71,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         transfer = 0
         finetune = args.finetune_tokens if args.finetune_tokens is not None else args.tokens
     else:
-        # --tokens is the whole budget, split 1:2 like LINEAR.md's CPU defaults (1-2M / 2-5M).
+        # --tokens is the whole budget, split 1:2 like the CPU defaults of docs/linear.md §6 (1-2M / 2-5M).
         transfer = args.transfer_tokens if args.transfer_tokens is not None else args.tokens // 3
         finetune = (
             args.finetune_tokens if args.finetune_tokens is not None else args.tokens - args.tokens // 3

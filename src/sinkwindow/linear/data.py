@@ -4,7 +4,7 @@ Sources (``load_training_data(source=...)``):
 
 - a ``.jsonl``/``.json`` file. Each row is one of:
     - Alpaca, ``{"instruction", "input"?, "output"}``: the Alpaca prompt template, with labels
-      −100 on the prompt so stage 2 trains on responses only (LINEAR.md §5);
+      −100 on the prompt so stage 2 trains on responses only (docs/linear.md §5.1);
     - ``{"prompt", "completion"}``: the same, without a template;
     - ``{"text"}``: every token supervised.
   The first ``val_rows`` rows are the validation split (LoLCATs: rows 0–199), the rest are shuffled
@@ -18,7 +18,7 @@ Sources (``load_training_data(source=...)``):
 
 Packing follows LoLCATs' ``ConcatDataset``: samples are concatenated (each ending in EOS), cut
 into ``seq_len``-token chunks, and chunks whose labels are all −100 are dropped. Documents are not
-isolated from one another within a chunk (LINEAR.md §7.9).
+isolated from one another within a chunk (docs/linear.md §5.2).
 """
 
 from __future__ import annotations

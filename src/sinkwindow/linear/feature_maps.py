@@ -16,7 +16,7 @@ Activations (``ACTIVATIONS``):
 - ``relu`` (T2R, LoLCATs ``lk_t2r``): ReLU(u + b), F = f.
 
 The two exponential variants rescale each half per token, which does not cancel in the attention
-normaliser: they are different kernels, not rescalings of one another (LINEAR.md §7.5). Record the
+normaliser: they are different kernels, not rescalings of one another (docs/linear.md §7.4). Record the
 activation with any checkpoint.
 """
 
@@ -95,7 +95,7 @@ class HedgehogFeatureMap(nn.Module):
 
     Args:
         num_heads: H, the number of query heads. Key maps also have H heads because LoLCATs maps
-            keys after ``repeat_kv`` (one key map per query head, LINEAR.md §1.1).
+            keys after ``repeat_kv`` (one key map per query head, docs/linear.md §1.1).
         head_dim: D, the input size.
         feature_dim: f, the projection size. Defaults to ``D // 2`` for the exponential activations
             (so F = 2f = D) and to ``D`` for ``relu`` (T2R).
@@ -188,7 +188,7 @@ class HedgehogFeatureMap(nn.Module):
         Returns:
             φ(x): (b, H, L, F), strictly positive, in float32 (float64 if ``x`` or the weights are
             float64). Not cast back to the model dtype: the kernels consume float32, and float16
-            would flush the 1e-12 floor to zero (LINEAR.md §7.4).
+            would flush the 1e-12 floor to zero (docs/linear.md §7.3).
         """
         if x.shape[1] != self.num_heads or x.shape[-1] != self.head_dim:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""Stage 2, low-rank adjusting (LINEAR.md §4): LoRA on q/k/v/o through peft, next-token loss.
+"""Stage 2, low-rank adjusting (docs/linear.md §4): LoRA on q/k/v/o through peft, next-token loss.
 
 Liger (``liger:W``) has only this stage, with its own settings (``LIGER_LORA``): r = 8 on q, k and v
 (``o_proj`` stays frozen), alpha 8, trained at lr 1e-3.

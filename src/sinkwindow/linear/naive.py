@@ -81,7 +81,7 @@ def naive_quadratic_hybrid_attn(
     affine: bool = False,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """LoLCATs sliding-window + linear hybrid (LINEAR.md §1.3, §2.1), O(L²).
+    """LoLCATs sliding-window + linear hybrid (docs/linear.md §1.3, §2.1), O(L²).
 
     For query i, window W(i) = {i−w < j ≤ i} and linear set L(i) = {j ≤ i−w}::
 
@@ -176,7 +176,7 @@ def naive_recurrent_hybrid_attn(
     affine: bool = False,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """The hybrid as a decoder runs it (LINEAR.md §2.3), one token at a time with a FIFO of w keys.
+    """The hybrid as a decoder runs it (docs/linear.md §2.3), one token at a time with a FIFO of w keys.
 
     Per token: if the FIFO holds w entries, pop the oldest into S and z; push the new token; then
     y = (γ Σ_fifo exp(s − max s) v + λ φq S) / (γ Σ_fifo exp(s − max s) + λ φq·z).

@@ -15,7 +15,7 @@ Each operator comes in three forms that compute the same numbers (to ~1e-15 in f
    enter S and z only when they leave the window. ``prefill_state`` builds that state from a
    prompt, so prefill-then-decode gives the same outputs as decoding every token.
 
-The hybrid (LINEAR.md §1.3), for query i, window W(i) = {i−w < j ≤ i}, γ = sigmoid(ω), λ = 1 (or
+The hybrid (docs/linear.md §1.3), for query i, window W(i) = {i−w < j ≤ i}, γ = sigmoid(ω), λ = 1 (or
 1 − γ with ``affine=True``)::
 
     y_i = (γ Σ_{j∈W(i)} exp(s_ij − m_i) v_j + λ φq_i S_{i−w}) / (γ Σ_{j∈W(i)} exp(s_ij − m_i) + λ φq_i·z_{i−w})
@@ -35,7 +35,7 @@ Conventions:
   on use; S and z are per query head.
 - Compute runs in float32, or float64 when any input is float64. Outputs are cast back to
   ``v.dtype``. States (S, z) stay in the compute dtype: bf16 accumulation of z drifts by percents
-  over 1e5 tokens (LINEAR.md §2.3, §7.3).
+  over 1e5 tokens (docs/linear.md §2.3, §7.2).
 
 Liger-GLA(+SWA) (``chunk_gla``, ``gla_step``, ``chunk_liger_attn``, ``liger_attn_step``) adds no
 parameters to the model. Its linear branch is gated linear attention (GLA) on feature maps that
@@ -218,7 +218,7 @@ def chunk_linear_attn(
         k_feat: (b, H, L, F).
         v: (b, H, L, D), expanded to H heads (``repeat_kv``) under grouped-query attention.
         eps: normaliser guard (LoLCATs 1e-12). Harmless here since the sum runs in float32 or
-            wider; in float16 it would underflow (LINEAR.md §7.4).
+            wider; in float16 it would underflow (docs/linear.md §7.3).
         chunk_size: C; capped at L. Any L works: the tail is zero-padded and the padding has
             φk = 0, v = 0.
         initial_state: (S, z) of tokens before this call, or None.
@@ -349,7 +349,7 @@ def chunk_hybrid_attn(
     block keys covering them (``_window_terms``); the linear term is causal linear attention of
     the queries past the window against the keys before the last w, in chunks of ``block``. Any L
     works. Differentiable in every input, ω included (the window term runs with gradients, unlike
-    LoLCATs' ``_sw_linear`` fallback, LINEAR.md §7.1).
+    LoLCATs' ``_sw_linear`` fallback, docs/linear.md §7.1).
 
     Args:
         q: (b, H, L, D).
@@ -547,7 +547,7 @@ def hybrid_attn_step(
     affine: bool = False,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, HybridAttnState]:
-    """Advance the hybrid by T ≥ 1 new tokens (LoLCATs ``update_for_decoding``, LINEAR.md §2.3).
+    """Advance the hybrid by T ≥ 1 new tokens (LoLCATs ``update_for_decoding``, docs/linear.md §2.3).
 
     T = 1 is the decode step: keys that leave the window are mapped by φk and folded into S and z,
     the new key joins the FIFO, and the query attends over the FIFO (softmax) and S, z (linear).

@@ -1,6 +1,6 @@
 """The training loop both stages share: token budget, accumulation, plateau schedule, best checkpoint, resume.
 
-LoLCATs runs both stages through the same trainer (LINEAR.md §3, §4): AdamW (weight decay 0),
+LoLCATs runs both stages through the same trainer (docs/linear.md §3, §4): AdamW (weight decay 0),
 batch 1 × accumulation 8 of packed 1024-token chunks, gradient clipping at 1.0,
 ``ReduceLROnPlateau(factor=0.1, patience=10, min_lr=1e-5)`` stepped on the validation loss at
 each evaluation, and the checkpoint with the best validation loss reloaded at the end. Here the

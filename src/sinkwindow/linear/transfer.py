@@ -1,4 +1,4 @@
-"""Stage 1, attention transfer (LINEAR.md §3): train feature maps and γ to mimic softmax attention.
+"""Stage 1, attention transfer (docs/linear.md §3): train feature maps and γ to mimic softmax attention.
 
 The base model is frozen and runs its own softmax attention under ``torch.no_grad`` in
 ``"transfer"`` mode: each layer returns the teacher's output (teacher forcing, so every layer sees
@@ -230,7 +230,7 @@ def transfer_step(
 
 @torch.no_grad()
 def linear_share(model: PreTrainedModel, input_ids: torch.Tensor) -> list[float]:
-    """Per layer, the mean share of the hybrid's normaliser taken by the linear term (LINEAR.md §1.3).
+    """Per layer, the mean share of the hybrid's normaliser taken by the linear term (docs/linear.md §1.3).
 
     Over queries i ≥ w (the only ones with a linear term). At identity init with Gaussian-like q, k
     it is 92–99%; attention transfer should shrink it. Quadratic (naive) kernel: keep inputs short.

@@ -49,7 +49,8 @@ TASK_LABELS = {
     "piqa": "PIQA",
     "winogrande": "WinoGrande",
 }
-# The field's convention (EVAL_SPECS §4.3): length-normalised accuracy where endings differ a lot in length.
+# The field's convention (docs/evaluation.md §3.2): length-normalised accuracy where endings
+# differ a lot in length.
 HEADLINE_METRIC = {"arc_challenge": "acc_norm", "hellaswag": "acc_norm"}
 DEFAULT_FEWSHOT = {"mmlu": 5}
 # Batch size x padded length per loglikelihood batch: ~0.8 GB of float32 logits at a 49K vocabulary.

@@ -374,3 +374,34 @@ def test_ruler_string_match_hand_cases():
     assert ruler_string_match("12\t34", ["1234"]) == 0.0
     with pytest.raises(ValueError):
         ruler_string_match("x", [])
+
+
+@pytest.mark.parametrize("task", ["niah_single_1", "niah_single_3"])
+def test_stratified_depths_spread_a_cell_and_keep_its_needles(task, bpe):
+    """``--depths stratified``: the same keys and values as RULER's random draws, depths spread evenly."""
+    from sinkwindow.eval.niah import DEPTHS
+
+    rand = generate_niah(task, bpe, 1024, 8, seed=3)
+    strat = generate_niah(task, bpe, 1024, 8, seed=3, depths="stratified")
+    assert [s.outputs for s in rand] == [s.outputs for s in strat] and [s.key for s in rand] == [
+        s.key for s in strat
+    ]
+    positions = [s.needle_position for s in strat]
+    if task == "niah_single_3":  # essays: the centres of 8 equal strata of the 40-point depth grid
+        assert [s.depth for s in strat] == [float(DEPTHS[int((i + 0.5) * 40 / 8)]) for i in range(8)]
+    assert positions == sorted(positions) and len(set(positions)) == 8
+    with pytest.raises(ValueError, match="depths must be one of"):
+        generate_niah(task, bpe, 1024, 1, depths="even")
+
+
+@pytest.mark.parametrize("task", ["niah_single_1", "niah_single_2", "niah_single_3"])
+def test_needle_tokens_are_the_values_tokens(task, tokenizer):
+    from sinkwindow.eval.niah import needle_tokens
+
+    for s in generate_niah(task, tokenizer, 512, 3, seed=1):
+        start, end = needle_tokens(tokenizer, s.text, s.outputs[0], add_special_tokens=True)
+        enc = tokenizer(s.text, add_special_tokens=True, return_offsets_mapping=True)
+        assert 0 <= start < end <= len(enc.input_ids)
+        # The span's characters hold the value, give or take a neighbouring piece ([UNK] words cover it whole).
+        piece = s.text[enc.offset_mapping[start][0] : enc.offset_mapping[end - 1][1]]
+        assert s.outputs[0] in piece and len(piece) < len(s.outputs[0]) + 12

@@ -302,6 +302,17 @@ def test_batch_size_is_not_part_of_the_fingerprint(done, tiny_pair, checkpoints,
         _config(checkpoints, batch_size=0)
 
 
+def test_stratified_depths_change_only_the_niah_rows_fingerprints(tiny_pair, checkpoints):
+    """``--depths stratified`` is a setting of S-NIAH rows only, and RULER's default adds no key, so
+    every row written before the option existed keeps its fingerprint."""
+    plain = run_settings(_config(checkpoints), tiny_pair[0])
+    strat = run_settings(_config(checkpoints, niah_depths="stratified"), tiny_pair[0])
+    assert "niah_depths" not in plain and strat == {**plain, "niah_depths": "stratified"}
+    for task in ("ppl", "babilong_qa1"):
+        assert row_fingerprint(plain, task, "full") == row_fingerprint(strat, task, "full")
+    assert row_fingerprint(plain, "niah_single_1", "full") != row_fingerprint(strat, "niah_single_1", "full")
+
+
 LMEVAL_SETTINGS = {
     "model": "m", "model_file": "unknown", "dtype": "float32", "device": "cpu", "sinkwindow": "0.1.0",
     "lm_eval": "0.4.13", "data_source": "local", "max_length": None, "bootstrap_iters": 1000,

@@ -224,6 +224,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         chunk_size=args.chunk_size,
         niah_max_new_tokens=getattr(args, "niah_max_new_tokens", NIAH_ANSWER_TOKENS),
+        niah_depths=getattr(args, "depths", "random"),
         native_sliding=args.native_sliding,
         checkpoints=checkpoints,
         babilong_facts=getattr(args, "babilong_facts", "real"),
@@ -267,6 +268,16 @@ def compare_methods(model: str, with_checkpoint: set[str] = frozenset()) -> tupl
     return methods, notes
 
 
+def _add_depths(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--depths",
+        choices=("random", "stratified"),
+        default="random",
+        help="S-NIAH needle depths: random (RULER, default) or stratified (spread evenly over a cell's "
+        "samples, so the share inside a method's window is what its size predicts; recorded in the fingerprint)",
+    )
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     import torch
 
@@ -289,6 +300,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         model=args.model,
         methods=methods,
         seed=args.seed,
+        niah_depths=args.depths,
         chunk_size=args.chunk_size,
         native_sliding=args.native_sliding,
         checkpoints=checkpoints,
@@ -484,6 +496,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                 help=f"NIAH decode cap, 1 .. {NIAH_ANSWER_TOKENS}, or auto: the answer's length + 16 "
                 "(default: %(default)s, as RULER)",
             )
+            _add_depths(q)
         if family == "babilong":
             _add_babilong_facts(q)
         cli_args.add_out(q, required=True, help="run folder (resumes if it exists)")
@@ -503,6 +516,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quick", action="store_true", help="small sample counts, <= 20 min on 2 CPU cores (default)"
     )
     size.add_argument("--full", action="store_true", help="paper-like sizes (hours on CPU)")
+    _add_depths(p)
     _add_common(
         p,
         None,

@@ -64,6 +64,7 @@ __all__ = [
     "lmeval_row_settings",
     "lmeval_row_fingerprint",
     "checkpoint_method",
+    "concerns",
     "without_checkpoints",
     "data_files_identity",
 ]
@@ -83,6 +84,7 @@ GLOBAL_SETTINGS = (
 # Task parameters by the task-name prefix whose rows they change.
 TASK_SETTINGS = {
     "niah_max_new_tokens": "niah_",
+    "niah_depths": "niah_",
     "babilong_facts": "babilong_",
     "babilong_data": "babilong_",
     "babilong_chat": "babilong_",
@@ -120,6 +122,24 @@ def _applies(key: str, task: str, method: str) -> bool:
         return key == _checkpoint_key(method)
     prefix = TASK_SETTINGS.get(key)
     return prefix is not None and task.startswith(prefix)
+
+
+def concerns(key: str, cells: Iterable[tuple[str, str]]) -> bool:
+    """Whether a settings ``key`` can have changed any row of the ``(task, method)`` cells a folder holds.
+
+    A method's checkpoint concerns only that method's rows and a task parameter only its task's;
+    every other key concerns every row. So a setting recorded by a run that stored no row it
+    applies to (a bad checkpoint that failed to load, a Ctrl-C before the first sample) does not
+    make the folder refuse the next run.
+    """
+    cells = list(cells)
+    method = checkpoint_method(key)
+    if method is not None:
+        return any(m == method for _, m in cells)
+    prefix = TASK_SETTINGS.get(key)
+    if prefix is not None:
+        return any(t.startswith(prefix) for t, _ in cells)
+    return True
 
 
 def row_settings(settings: dict, task: str, method: str) -> dict:
@@ -349,6 +369,9 @@ def run_settings(config, model=None) -> dict[str, Any]:
     tasks = list(config.tasks)
     if any(t.startswith("niah_") for t in tasks):
         settings["niah_max_new_tokens"] = config.niah_max_new_tokens
+        if getattr(config, "niah_depths", "random") != "random":
+            # Only when set: RULER's random depths leave every existing row's fingerprint as it was.
+            settings["niah_depths"] = config.niah_depths
     if any(t.startswith("babilong_") for t in tasks):
         data = config.babilong_data
         settings["babilong_facts"] = config.babilong_facts

@@ -50,6 +50,8 @@ from sinkwindow.eval.haystack import NOISE_HAYSTACK, PrefixSentences, essay_word
 __all__ = [
     "ANSWER_PREFIX",
     "DEPTHS",
+    "DEPTH_MODES",
+    "needle_tokens",
     "DEVIATIONS",
     "NEEDLE",
     "TASKS",
@@ -370,6 +372,14 @@ class _Builder:
         return self.build(n, key=key, needle=needle, depth=depth)[0]
 
 
+DEPTH_MODES = ("random", "stratified")
+
+
+def _stratified(index: int, num_samples: int, choices: Sequence[int]) -> int:
+    """The ``index``-th of ``num_samples`` points spread evenly over ``choices`` (centres of equal strata)."""
+    return choices[min(len(choices) - 1, int((index + 0.5) * len(choices) / num_samples))]
+
+
 def generate_niah(
     task: str,
     tokenizer: Any,
@@ -379,6 +389,7 @@ def generate_niah(
     *,
     tokens_to_generate: int = TOKENS_TO_GENERATE,
     model_template: str = BASE_MODEL_TEMPLATE,
+    depths: str = "random",
 ) -> list[NiahSample]:
     """Generate S-NIAH samples whose prompt plus generation fits ``length`` tokens.
 
@@ -394,6 +405,11 @@ def generate_niah(
         tokens_to_generate: Generation budget counted inside ``length`` (RULER: 128).
         model_template: RULER model template with a ``{task_template}`` field; the default is
             RULER's ``base``. The answer prefix is appended after it, as RULER does.
+        depths: ``"random"`` (RULER: each sample draws its depth, or its noise line) or
+            ``"stratified"``: sample i of N takes the centre of the i-th of N equal strata of the
+            depths (or lines), so a cell's needles spread evenly and the share that lands in a
+            method's window is what its size predicts. The random draws are made either way, so keys
+            and values are the same samples' in both modes.
 
     Returns:
         ``num_samples`` samples. The same arguments always give the same samples.
@@ -404,6 +420,8 @@ def generate_niah(
     config = resolve_niah_task(task)
     if num_samples < 0:
         raise ValueError("num_samples must be >= 0")
+    if depths not in DEPTH_MODES:
+        raise ValueError(f"depths must be one of {DEPTH_MODES}, got {depths!r}")
     rng = random.Random(seed)
     count = _token_counter(tokenizer)
     builder = _Builder(config, model_template)
@@ -424,6 +442,8 @@ def generate_niah(
         value = _random_value(rng, needle_v)
         needle = NEEDLE.format(type_needle_v=needle_v, key=key, value=value)
         depth = rng.sample(DEPTHS, 1)[0] if config.type_haystack == "essay" else 0
+        if depths == "stratified" and config.type_haystack == "essay":
+            depth = _stratified(index, num_samples, DEPTHS)
 
         draw = {"key": key, "needle": needle, "depth": depth}
         size_text = functools.partial(builder.text, **draw)
@@ -437,6 +457,8 @@ def generate_niah(
             )
         if config.type_haystack == "noise":
             line = rng.sample(range(n), 1)[0]
+            if depths == "stratified":
+                line = _stratified(index, num_samples, range(n))
             text, position = builder.build(n, **draw, line=line)
             n_tokens = count(text)
             # The needle line's place barely matters to the count; shrink if a merge says otherwise.
@@ -469,11 +491,39 @@ def generate_niah(
                 needle=needle,
                 needle_position=position,
                 num_haystack=n,
-                metadata={"type_haystack": config.type_haystack, "seed": seed},
+                metadata={"type_haystack": config.type_haystack, "seed": seed, "depths": depths},
             )
         )
     logger.info("generated %d %s samples at length %d", len(samples), config.name, length)
     return samples
+
+
+def needle_tokens(tokenizer: Any, text: str, value: str, *, add_special_tokens: bool) -> tuple[int, int]:
+    """``[start, end)``: the positions of the needle's value among the tokens of ``text``.
+
+    What a method can retrieve depends on where these tokens sit: SWA(w, s) answers from the
+    sinks (positions < s) and the last w − s prompt positions, which the report compares with
+    ``start`` and ``end`` (``report.window_split``). Positions count the tokens
+    ``tokenizer(text, add_special_tokens=...)`` gives, i.e. the ids the model reads.
+
+    Raises:
+        ValueError: ``value`` does not occur in ``text``.
+    """
+    char = text.find(value)
+    if char < 0:
+        raise ValueError(f"needle value {value!r} not in the prompt")
+    end_char = char + len(value)
+    try:
+        enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+    except (NotImplementedError, TypeError, KeyError):  # a slow tokenizer has no offsets
+        offsets = None
+    if offsets is None:
+        before = len(tokenizer(text[:char], add_special_tokens=add_special_tokens).input_ids)
+        inside = len(tokenizer(value, add_special_tokens=False).input_ids)
+        return before, before + inside
+    hits = [i for i, (a, b) in enumerate(offsets) if b > char and a < end_char and b > a]
+    return hits[0], hits[-1] + 1
 
 
 def _fit(

@@ -51,6 +51,7 @@ from .stats import (
     paired_sign_test,
     wilson_interval,
 )
+from .window_split import read_needles, window_split
 
 __all__ = [
     "summarize",
@@ -166,11 +167,15 @@ class _Samples:
 def _decide(diffs: list[dict]) -> None:
     """Holm-adjust the exact tests' p-values in place and set ``beyond_noise``.
 
-    Two families: the head-to-head comparisons (the paper's questions) and each method against full
-    attention (recovery), so that adding methods to one does not dilute the other.
+    One family per compared pair (a, b): its cells (every task and length the report lists under
+    "`a` against `b`") answer one question, does a differ from b anywhere, at a family-wise 5%.
+    Cells where no outcome could reach the level (``too_few``) take no part.
     """
-    for against_full in (False, True):
-        fam = [d for d in diffs if (d["b"] == "full") == against_full and not d["too_few"]]
+    families: dict = defaultdict(list)
+    for d in diffs:
+        if not d["too_few"]:
+            families[(d["a"], d["b"])].append(d)
+    for fam in families.values():
         for d, q in zip(fam, holm([d["p"] for d in fam])):
             d["p_holm"] = q
             d["beyond_noise"] = q <= ALPHA
@@ -247,7 +252,14 @@ def _swa_lolcats_pairs(methods) -> list[tuple[str, str]]:
     ]
 
 
-def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+def summarize(
+    rows: list[dict],
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    needles: dict | None = None,
+    trained: dict | None = None,
+) -> dict:
     """Aggregate rows into means with intervals (scores in %, as the rows store them).
 
     Returns a dict with:
@@ -268,6 +280,11 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
       ``mean_b``, ``estimate`` (a − b, points), ``lo``, ``hi``, ``n`` (pairs) and ``beyond_noise``.
     - ``ppl``: ``{method: {length: {"ppl", "lo", "hi", "n_tokens", "windows"}}}`` and
       ``ppl_buckets`` (the per-position curve); ``niah_depth`` (mean score per length and depth).
+
+    - ``window_split``: S-NIAH scores split by where the needle lay, inside each method's window or
+      beyond it (``window_split.window_split``; ``needles`` holds positions for rows without them).
+    - ``trained_lengths``: ``trained`` as given, ``{method: training sequence length}``; cells past it
+      are marked in the tables.
 
     ``n_boot`` and ``seed`` set every bootstrap, so the same rows give the same report.
     """
@@ -307,6 +324,8 @@ def summarize(rows: list[dict], *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
         "ppl_buckets": {},
         "niah_depth": {},
         "hybrid": {},
+        "window_split": window_split(rows, needles),
+        "trained_lengths": dict(trained or {}),
     }
     lengths_of: dict[str, list[int]] = {}
     for fam in families:
@@ -506,10 +525,17 @@ def _accuracy_table(s: dict, family: str) -> str:
     head = "| method | " + " | ".join(_len_label(L) for L in lengths) + " | avg | recovery vs full |"
     sep = "|---" * (len(lengths) + 3) + "|"
     lines = [head, sep]
+    trained = s.get("trained_lengths") or {}
+    marked = False
     for m in methods:
-        cells = [
-            f"{_fmt_iv(data[m][L])} <sub>n={data[m][L]['n']}</sub>" if L in data[m] else "–" for L in lengths
-        ]
+        cells = []
+        for L in lengths:
+            if L not in data[m]:
+                cells.append("–")
+                continue
+            past = m in trained and trained[m] < L
+            marked |= past
+            cells.append(f"{_fmt_iv(data[m][L])}{' †' if past else ''} <sub>n={data[m][L]['n']}</sub>")
         avg = s["accuracy_avg"][family].get(m)
         avg_txt = _fmt_iv(avg) if avg and avg["complete"] else "–"
         rec = s["recovery"].get(family, {}).get(m, {}).get("avg")
@@ -517,6 +543,9 @@ def _accuracy_table(s: dict, family: str) -> str:
         rec_ok = rec and avg and avg["complete"] and full_avg and full_avg["complete"]
         rec_txt = _fmt_iv(rec, "estimate", unit="%") if rec_ok else "–"
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {avg_txt} | {rec_txt} |")
+    if marked:
+        said = ", ".join(f"{m} {trained[m]:,}" for m in methods if m in trained)
+        lines += ["", f"† past the sequence length the method's adapter was trained on (tokens: {said})."]
     return "\n".join(lines)
 
 
@@ -682,8 +711,8 @@ def _differences_section(s: dict) -> list[str]:
         "",
         "A difference (a − b, points) counts when an exact paired test rejects equality at 5% after "
         "Holm's correction: the sign test on the discordant pairs (McNemar's exact test) for one task, "
-        "the same sign-flip test stratified by task for BABILong's average. Holm's families are the "
-        "head-to-head comparisons below and, separately, each method against full attention. p is the "
+        "the same sign-flip test stratified by task for BABILong's average. Each compared pair is one Holm "
+        "family (every task and length listed under it). p is the "
         "test's, Holm's adjusted value in brackets; the 95% paired bootstrap interval is shown for scale "
         "and decides nothing. Where no outcome on the pairs could reach 5% (fewer than 6 pairs), no "
         "decision is made: too few samples to tell. mdd is the smallest difference the test could call "
@@ -705,6 +734,67 @@ def _differences_section(s: dict) -> list[str]:
     if against_full:
         lines += ["<details><summary>Each method against full attention</summary>", ""]
         lines += against_full + ["</details>", ""]
+    return lines
+
+
+def _window_split_section(s: dict) -> list[str]:
+    """Per S-NIAH task and length, each method's score on needles inside its window and beyond it."""
+    split = s.get("window_split") or {}
+    if not split:
+        return []
+    lines = [
+        "## Where the needle was: inside the window or beyond it",
+        "",
+        "Each cell: needles found / samples, for the needles that lay inside the method's window (its s sinks "
+        "or last w − s prompt positions; for lolcats:W and liger:W their last W, by softmax) and for those "
+        "beyond it; `full` is split by the window of the SWA method beside it, on its own samples. "
+        "'expected' is the share of the prompt the window covers, what a uniform needle position would put "
+        "inside; a cell's in-window share far above it scores high for where its needles fell.",
+        "",
+    ]
+    beyond_total: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for task in ("niah_single_1", "niah_single_2", "niah_single_3"):
+        by_method = split.get(task)
+        if not by_method:
+            continue
+        lengths = sorted({L for cells in by_method.values() for L in cells})
+        lines += [f"**{TASK_TITLES[task].split(' (')[0]}**", ""]
+        lines += [
+            "| method | " + " | ".join(_len_label(L) for L in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
+        for m in _order_methods(by_method):
+            cells = []
+            for L in lengths:
+                c = by_method[m].get(L)
+                if c is None:
+                    cells.append("–")
+                    continue
+                i, b = c["inside"], c["beyond"]
+                n = i["n"] + b["n"]
+                cells.append(
+                    f"in {i['found']}/{i['n']} · beyond {b['found']}/{b['n']} "
+                    f"<sub>in-window {100 * i['n'] / n:.0f}%, expected {100 * c['expected_share']:.0f}%</sub>"
+                )
+                beyond_total[m][0] += b["found"]
+                beyond_total[m][1] += b["n"]
+            label = (
+                f"{m} (split by {by_method[m][lengths[0]]['by']})"
+                if m == "full" and any(c.get("by") for c in by_method[m].values())
+                else m
+            )
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if beyond_total:
+        lines += ["Retrieval beyond the window (all S-NIAH tasks and lengths):", ""]
+        for m in _order_methods(beyond_total):
+            found, n = beyond_total[m]
+            if n:
+                iv = wilson_interval(found, n)
+                lines.append(
+                    f"- `{m}`: {found} of {n} ({100 * iv.estimate:.1f}% [{100 * iv.lo:.1f}, {100 * iv.hi:.1f}])"
+                )
+        lines.append("")
     return lines
 
 
@@ -747,8 +837,8 @@ def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
         said.append(f"too few samples to tell at {', '.join(few)}")
     if quiet:
         noun, verb = ("the difference", "is") if len(quiet) == 1 else ("differences", "are")
-        where = "at every length" if not said and len(quiet) == len(ds) > 1 else "at " + ", ".join(quiet)
-        said.append(f"{noun} {where} {verb} within noise")
+        every = "at every length: " if not said and len(quiet) == len(ds) > 1 else "at "
+        said.append(f"{noun} {every}{', '.join(quiet)} {verb} within noise")
     return f"- {TASK_TITLES[family].split(' (')[0]}: " + "; ".join(said) + "."
 
 
@@ -947,6 +1037,7 @@ def markdown_report(
     lines += _swa_lolcats_section(s)
     lines += _hybrid_section(s)
     lines += _differences_section(s)
+    lines += _window_split_section(s)
     for title, fname in plots[:1]:
         lines += [f"![{title}]({fname})", ""]
     if s["ppl"]:
@@ -1097,8 +1188,15 @@ def long_context_rows(rows: list[dict]) -> tuple[list[dict], list[dict], int]:
     return ours, lmeval, foreign
 
 
-def _skip_notes(path: Path, skipped_lines: int, foreign: int) -> list[str]:
+def _skip_notes(path: Path, skipped_lines: int, foreign: int, rejected=()) -> list[str]:
     notes = []
+    if rejected:
+        shown = "; ".join(f"line {line}: {why}" for line, why in rejected[:5])
+        more = f"; and {len(rejected) - 5} more" if len(rejected) > 5 else ""
+        notes.append(
+            f"{len(rejected)} row(s) of {path.name} were left out of this report (and run again on resume): "
+            f"{shown}{more}."
+        )
     if skipped_lines:
         notes.append(
             f"{skipped_lines} unreadable line(s) of {path.name} were skipped (the warnings name each line)."
@@ -1201,7 +1299,7 @@ def write_report(
     if store is None:
         store = ResultsStore(run)
     rows, lm_rows, foreign = long_context_rows(store.rows())
-    notes = _skip_notes(store.path, store.skipped_lines, foreign)
+    notes = _skip_notes(store.path, store.skipped_lines, foreign, store.rejected)
     if store.selection is not None:
         # A staged folder (say 30 samples, then a run asking for 10) holds rows this run did not ask
         # for; the report covers the run, and says how to see the rest.
@@ -1235,10 +1333,51 @@ def write_report(
     from .sessions import session_lines
 
     extra += session_lines(run, store.all_rows())
-    s = summarize(rows)
+    s = summarize(rows, needles=read_needles(run), trained=_trained_lengths(rows, config))
     plots = _plots(s, run)
     md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes)
-    return _write_page(run, md, {**s, "skipped_lines": store.skipped_lines, "foreign_rows": foreign})
+    return _write_page(
+        run,
+        md,
+        {
+            **s,
+            "skipped_lines": store.skipped_lines,
+            "foreign_rows": foreign,
+            "rejected_rows": len(store.rejected),
+        },
+    )
+
+
+def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:
+    """``{method: sequence length its adapter was trained on}`` for the trained methods in ``rows``:
+    the checkpoint named in the run's config, else the adapter shipped for the rows' model."""
+    out: dict[str, int] = {}
+    checkpoints = (config or {}).get("checkpoints") or {}
+    seen = {(r.get("model"), r.get("method")) for r in rows}
+    for model, method in seen:
+        try:
+            spec = parse_spec(method)
+        except (TypeError, ValueError):
+            continue
+        if not spec.is_linear or method in out:
+            continue
+        try:
+            from ..linear.adapters import read_provenance, shipped_adapter
+            from ..linear.checkpoint import read_metadata
+
+            given = checkpoints.get(method)
+            if given:
+                length = (read_metadata(given).get("data") or {}).get("seq_len")
+            else:
+                path = shipped_adapter(model, spec)
+                length = (
+                    None if path is None else read_provenance(path).get("train_config", {}).get("seq_len")
+                )
+        except (ImportError, OSError, ValueError, KeyError):
+            length = None
+        if isinstance(length, int):
+            out[method] = length
+    return out
 
 
 def _short_section(rows: list[dict] | None, folder: Path) -> str | None:

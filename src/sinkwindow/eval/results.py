@@ -26,6 +26,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -141,6 +142,53 @@ def check_run_dir(run_dir: str | os.PathLike) -> Path:
     return path
 
 
+def _number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(x, low: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def row_problem(row: dict) -> str | None:
+    """Why ``row`` cannot count as a finished sample, or ``None`` when it can.
+
+    The same rule for every kind of row a run folder holds: key fields of the right type, and a
+    score the report can use (a long-context score in [0, 100]; a perplexity window with a
+    positive token count and a finite, non-negative NLL; an lm-eval value in [0, 1] with one finite
+    per-item score per item).
+    """
+    for name in ("task", "method"):
+        if not isinstance(row.get(name), str) or not row.get(name):
+            return f"no {name}"
+    if row.get("suite") == "lm-eval":
+        value = row.get("value")
+        if value is not None and not (_number(value) and 0.0 <= value <= 1.0):
+            return f"value {value!r} is not a number in [0, 1]"
+        items = row.get("items") or {}
+        for metric, scores in (items.get("scores") or {}).items():
+            if not isinstance(scores, list) or len(scores) != len(items.get("ids") or ()):
+                return f"items.scores[{metric!r}] does not give one score per item"
+            if not all(_number(x) for x in scores):
+                return f"items.scores[{metric!r}] holds a value that is not a finite number"
+        return None
+    for name, low in (("length", 0), ("index", 0)):
+        if not _count(row.get(name), low):
+            return f"{name} {row.get(name)!r} is not a whole number >= {low}"
+    score = row.get("score")
+    if row["task"] == "ppl":
+        if not _count(row.get("n_tokens"), 1):
+            return f"n_tokens {row.get('n_tokens')!r} is not a positive whole number"
+        if not (_number(row.get("nll_sum")) and row["nll_sum"] >= 0):
+            return f"nll_sum {row.get('nll_sum')!r} is not a finite number >= 0"
+        if not (_number(score) and score > 0):
+            return f"perplexity {score!r} is not a finite number > 0"
+        return None
+    if not (_number(score) and 0.0 <= score <= 100.0):
+        return f"score {score!r} is not a number in [0, 100]"
+    return None
+
+
 def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
     """Objects of a JSONL file and the numbers (1-based) of the lines that are not one.
 
@@ -171,6 +219,31 @@ def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
     return rows, bad
 
 
+def _object_lines(path: Path, bad: list[int], n: int) -> list[int]:
+    """Line numbers (1-based) of the ``n`` objects ``read_jsonl`` returned, given its ``bad`` lines."""
+    if not path.exists():
+        return []
+    skip = set(bad)
+    out = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for k, line in enumerate(f, 1):
+            if line.strip() and k not in skip:
+                out.append(k)
+    return out[:n]
+
+
+def _refuse_foreign_files(run_dir: Path) -> None:
+    """A folder with a report but no run is someone's files: a run would overwrite them unasked."""
+    if not run_dir.is_dir() or (run_dir / RESULTS_FILE).exists() or (run_dir / FINGERPRINT_FILE).exists():
+        return
+    theirs = [name for name in ("report.md", "report.html", "summary.json") if (run_dir / name).exists()]
+    if theirs:
+        raise RunMismatchError(
+            f"{run_dir} holds {', '.join(theirs)} but no run ({RESULTS_FILE}): a run would overwrite it; "
+            f"choose another --out, or pass --new-run to move those files to previous-<time>/"
+        )
+
+
 def _describe(value) -> str:
     text = "none" if value is None else str(value)
     # sha256 and folder digests: enough to tell them apart in one line.
@@ -188,11 +261,6 @@ def _read_fingerprint(run_dir: Path) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("settings"), dict) else None
 
 
-def _has_rows(run_dir: Path) -> int:
-    rows, _ = read_jsonl(run_dir / RESULTS_FILE) if (run_dir / RESULTS_FILE).exists() else ([], [])
-    return len(rows)
-
-
 def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[str] = ()) -> dict:
     """The settings to record after resuming ``run_dir`` with ``settings``; read-only.
 
@@ -204,10 +272,11 @@ def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[st
     Raises:
         RunMismatchError: the folder's results were made with other settings, or recorded none.
     """
-    from .fingerprint import checkpoint_method, conflicts, without_checkpoints
+    from .fingerprint import checkpoint_method, concerns, conflicts, without_checkpoints
 
     run = check_run_dir(run_dir)
-    n = _has_rows(run) if run.is_dir() else 0
+    rows = read_jsonl(run / RESULTS_FILE)[0] if run.is_dir() else []
+    n = len(rows)
     if not n:
         return dict(settings)
     recorded = _read_fingerprint(run)
@@ -218,7 +287,13 @@ def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[st
             f"{fix}"
         )
     old = without_checkpoints(recorded["settings"], redo)
-    diff = conflicts(old, settings)
+    cells = {
+        (r["task"], r["method"])
+        for r in rows
+        if isinstance(r.get("task"), str) and isinstance(r.get("method"), str)
+    }
+    # Settings count only with rows: one no stored row depends on is replaced, not a conflict.
+    diff = [d for d in conflicts(old, settings) if concerns(d[0], cells)]
     if diff:
         said = ", ".join(f"{k} {_describe(a)} → {_describe(b)}" for k, a, b in diff)
         only = {checkpoint_method(key) for key, *_ in diff}
@@ -369,20 +444,66 @@ class ResultsStore:
             self.previous: Path | None = self._move_aside()
         else:
             self.previous = self._move_methods_aside(redo) if redo else None
+        if writer and not new_run:
+            _refuse_foreign_files(self.dir)
         merged = check_resume(self.dir, settings) if settings is not None else None
-        self._rows, bad = read_jsonl(self.path)
+        rows, bad = read_jsonl(self.path)
         self.skipped_lines = len(bad)
         if writer:
             self._repair_tail()
+        recorded = _read_fingerprint(self.dir)
+        # Settings count only with rows: they are recorded when this run stores its first row (or
+        # at once when the folder already holds rows), so a run that fails or is stopped before
+        # finishing a sample leaves no record that would refuse the next, correct run.
+        self._unrecorded = merged is not None and (recorded is None or recorded["settings"] != merged)
+        self.settings = merged if merged is not None else (recorded["settings"] if recorded else None)
+        self._rows, self.rejected = self._admit(rows, bad)
         self._fps: dict[tuple, set] = {}
         for r in self._rows:
             self._fps.setdefault(row_key(r), set()).add(r.get("fingerprint"))
-        if merged is not None:
-            self._write_settings(merged)
-        recorded = _read_fingerprint(self.dir)
-        self.settings = recorded["settings"] if recorded else None
         if config is not None:
             self.write_config(config)
+
+    def _admit(self, rows: list[dict], bad: list[int]) -> tuple[list[dict], list[tuple[int, str]]]:
+        """The rows that count, and ``(line, reason)`` for each that does not.
+
+        A row is left out (so its sample runs again, and no report uses it) when ``row_problem``
+        finds it unusable, when its fingerprint is not the one the folder's recorded settings give
+        its (task, method) (made with other settings), or when it repeats an earlier row's key and
+        fingerprint (a duplicate would count twice).
+        """
+        from .fingerprint import lmeval_row_fingerprint, row_fingerprint
+
+        lines = _object_lines(self.path, bad, len(rows))
+        kept, rejected, seen = [], [], {}
+        expected: dict[tuple[str, str], str] = {}
+        for line, r in zip(lines, rows):
+            if "task" not in r and "method" not in r:
+                kept.append(r)  # not a result row at all: the report counts it as of no known shape
+                continue
+            why = row_problem(r)
+            if why is None and self.settings is not None and r.get("fingerprint") is not None:
+                cell = (r["task"], r["method"])
+                if cell not in expected:
+                    fp = lmeval_row_fingerprint if r.get("suite") == "lm-eval" else row_fingerprint
+                    expected[cell] = fp(self.settings, *cell)
+                if r["fingerprint"] != expected[cell]:
+                    why = f"made with other settings (fingerprint {r['fingerprint']}, the folder's {expected[cell]})"
+            if why is None:
+                key = (row_key(r), r.get("fingerprint"))
+                if key in seen:
+                    why = f"repeats line {seen[key]}"
+                else:
+                    seen[key] = line
+            if why is None:
+                kept.append(r)
+                continue
+            rejected.append((line, why))
+            if len(rejected) <= MAX_LINE_WARNINGS:
+                logger.warning("%s:%d: leaving out a row: %s", self.path, line, why)
+        if len(rejected) > MAX_LINE_WARNINGS:
+            logger.warning("%s: left out %d rows in all", self.path, len(rejected))
+        return kept, rejected
 
     def _previous_dir(self) -> Path:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -493,6 +614,9 @@ class ResultsStore:
     def append(self, row: dict) -> None:
         """Write one finished sample and make it durable before returning."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self._unrecorded:
+            self._write_settings(self.settings)
+            self._unrecorded = False
         with self.path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
             f.flush()

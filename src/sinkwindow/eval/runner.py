@@ -93,6 +93,8 @@ class EvalConfig:
             is always sized with 128 reserved). ``None`` ("auto") decodes the reference answer's
             token count + 16, which is all string matching can use; both stop at EOS. Anything
             below 128 is recorded as a deviation.
+        niah_depths: ``"random"`` (RULER's draws, the default) or ``"stratified"``: a cell's needle
+            depths spread evenly (``niah.generate_niah``); recorded in the fingerprint when not random.
         checkpoints: trained checkpoints for linear baselines, by method string.
         babilong_chat: wrap BABILong prompts in the model's chat template (BABILong does this for
             instruct models).
@@ -138,6 +140,7 @@ class EvalConfig:
     seed: int = 42
     chunk_size: int = 512
     niah_max_new_tokens: int | None = 128
+    niah_depths: str = "random"
     babilong_chat: bool = True
     native_sliding: str = "override"
     checkpoints: dict[str, str] = field(default_factory=dict)
@@ -309,7 +312,9 @@ def _build_samples(task: str, tokenizer, length: int, config: EvalConfig):
     if task in NIAH_TASKS:
         from .niah import generate_niah
 
-        return generate_niah(task, tokenizer, length, config.samples, seed=config.seed)
+        return generate_niah(
+            task, tokenizer, length, config.samples, seed=config.seed, depths=config.niah_depths
+        )
     if task in BABILONG_TASKS:
         from .babilong import generate_babilong
 
@@ -697,9 +702,10 @@ def _run_ppl(model, tokenizer, length: int, index: int, config: EvalConfig, cach
 def _prepare_sample(tokenizer, task: str, sample, config: EvalConfig):
     """``(prompt ids [1, n], decode cap, finish)``; ``finish(prediction text)`` gives the row."""
     if task in NIAH_TASKS:
-        from .niah import ruler_string_match
+        from .niah import needle_tokens, ruler_string_match
 
         ids = _encode(tokenizer, sample.text, chat_wrapped=False)
+        span = needle_tokens(tokenizer, sample.text, sample.outputs[0], add_special_tokens=True)
         cap = config.niah_max_new_tokens
         if cap is None:
             cap = max(len(tokenizer(o, add_special_tokens=False).input_ids) for o in sample.outputs) + 16
@@ -712,6 +718,9 @@ def _prepare_sample(tokenizer, task: str, sample, config: EvalConfig):
                 "answer": sample.outputs,
                 "depth": sample.depth,
                 "n_prompt_tokens": int(ids.shape[1]),
+                # [start, end) of the needle's value among the prompt's ids: inside a method's window
+                # or beyond it (report.window_split).
+                "needle_tokens": list(span),
             }
 
         return ids, min(sample.max_new_tokens, cap), finish

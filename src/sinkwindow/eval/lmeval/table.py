@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spec import parse_spec
-from ..results import RESULTS_FILE, read_jsonl
+from ..results import ResultsStore, read_jsonl, row_problem
 from ..sessions import session_lines
 from ..stats import (
     Interval,
@@ -50,13 +50,14 @@ logger = logging.getLogger(__name__)
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows of a results file or of ``DIR/results.jsonl``; unreadable lines are skipped with a
-    warning naming the file and line (``results.read_jsonl``)."""
+    """Rows of a results file or of a run folder, by the store's rule: unreadable lines, and rows
+    with an unusable value, other settings' fingerprint or a duplicate key, are left out with a
+    warning naming the file and line (``results.ResultsStore``, ``results.row_problem``)."""
     path = Path(path)
     if path.is_dir():
-        path = path / RESULTS_FILE
+        return ResultsStore(path).all_rows()
     rows, _ = read_jsonl(path)
-    return rows
+    return [r for r in rows if row_problem(r) is None]
 
 
 def _pick_rows(rows: Iterable[Mapping], baseline: str) -> dict[str, dict[str, dict[str, Mapping]]]:

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 
 VOCAB = 101
 
@@ -176,15 +175,11 @@ def smollm2():
     return sinkwindow.load("smollm2-135m")
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    d = SHARED / "data"
-    if not d.exists():
-        pytest.skip(f"{d} not present (shared evaluation data lives beside the checkout)")
-    return d
-
-
 def pytest_configure(config):
+    # The CLI refuses to write rows from uncommitted source (eval results must name their code); a
+    # developer runs the suite on uncommitted changes, so the tests allow it, and
+    # test_run_folder_cases checks the refusal itself with a simulated dirty tree.
+    os.environ.setdefault("SINKWINDOW_ALLOW_DIRTY", "1")
     # An explicit OMP_NUM_THREADS wins (a shared machine); otherwise at most two threads.
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.cpu_count() or 1)
     torch.set_num_threads(max(1, threads))

@@ -142,3 +142,21 @@ def test_a_folder_with_a_report_but_no_run_is_not_overwritten(tmp_path):
     assert (tmp_path / "report.md").read_text() == "my notes"
     ResultsStore(tmp_path, {"model": "m"}, settings={"seed": 0}, new_run=True)  # moved aside, as asked
     assert not (tmp_path / "report.md").exists() and any(tmp_path.glob("previous-*/report.md"))
+
+
+def test_rows_from_uncommitted_source_are_refused_unless_allowed(tiny_folder, tmp_path, monkeypatch, capsys):
+    """A run refuses to write rows from a dirty src/ tree; --allow-dirty stamps each row with the diff's sha256."""
+    from sinkwindow.cli import main
+    from sinkwindow.eval import results
+
+    monkeypatch.setattr(
+        results, "source_state", lambda: {"commit": "abc", "dirty": True, "diff_sha256": "d" * 64}
+    )
+    monkeypatch.delenv("SINKWINDOW_ALLOW_DIRTY", raising=False)
+    argv = ["eval", "ppl", "--model", str(tiny_folder), "--methods", "full", "--lengths", "16", "--samples", "1",
+            "--no-progress", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    assert "uncommitted changes" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    assert main([*argv, "--allow-dirty"]) == 0
+    (row,) = ResultsStore(tmp_path / "run").rows()
+    assert row["source_diff"] == "d" * 64

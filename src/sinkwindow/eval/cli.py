@@ -136,6 +136,12 @@ def _add_common(
     cli_args.add_new_run(p)
     cli_args.add_scheduler(p)
     p.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write rows from a source tree with uncommitted changes under src/sinkwindow (refused otherwise); "
+        "each row then records the diff's sha256",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="print the cells, estimated tokens and GPU-hours of this sweep, and run nothing",
@@ -176,6 +182,7 @@ def _run_scheduled(cfg, out, args, model_and_tokenizer=None):
             new_run=args.new_run,
             redo=args.redo,
             on_start=announce,
+            source_diff=args.source_diff,
         )
     except CellsFailedError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -201,9 +208,18 @@ def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _source_diff(args: argparse.Namespace) -> str | None:
+    """Refuse uncommitted source before anything loads (a dry run writes nothing and is let through)."""
+    from .results import check_clean_source
+
+    return None if args.dry_run else check_clean_source(args.allow_dirty)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .report import write_report
     from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig
+
+    args.source_diff = _source_diff(args)
 
     tasks = (
         args.tasks
@@ -284,6 +300,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from ..models import load
     from .report import write_report
     from .runner import EvalConfig, plan_size
+
+    args.source_diff = None if args.paper else _source_diff(args)
 
     size = "full" if args.full else "quick"
     methods = args.methods

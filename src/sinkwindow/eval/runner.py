@@ -543,8 +543,12 @@ def run_eval(
     scheduler: Scheduler | None = None,
     model_factory: Callable[[], tuple] | None = None,
     on_start: Callable[[dict], None] | None = None,
+    source_diff: str | None = None,
 ) -> ResultsStore:
     """Run (or resume) every (method, task, length, sample) of ``config`` into ``out_dir``.
+
+    ``source_diff``: the sha256 of uncommitted source changes this run was allowed to compute with
+    (``results.check_clean_source``); every row it writes records it.
 
     Every row carries ``fingerprint``, the hash of the settings that can change it
     (``eval/fingerprint.py``); the folder records them in ``fingerprint.json``. A resume with the
@@ -629,7 +633,7 @@ def run_eval(
             )
             if on_start is not None:
                 on_start(session)
-        _run_cells(config, store, cells, scheduler, job, progress, on_row)
+        _run_cells(config, store, cells, scheduler, job, progress, on_row, source_diff)
     return store
 
 
@@ -641,8 +645,10 @@ def _run_cells(
     job: CellJob,
     progress: bool,
     on_row: Callable[[dict], None] | None,
+    source_diff: str | None = None,
 ) -> None:
     """Run ``cells`` on ``scheduler``; append each finished cell's rows to ``store`` here, the driver."""
+    stamp = {} if source_diff is None else {"source_diff": source_diff}
     total = plan_size(config)
     todo = sum(len(c.indices) for c in cells)
     bar = None
@@ -661,7 +667,7 @@ def _run_cells(
             if row_key(row) not in wanted or store.has(row):
                 continue
             # When it was written: a session's wall time is read back from its last row (sessions.py).
-            store.append({**row, "written": utc_now("microseconds")})
+            store.append({**row, **stamp, "written": utc_now("microseconds")})
             if on_row is not None:
                 on_row(row)
         finished += 1

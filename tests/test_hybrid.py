@@ -14,8 +14,8 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.bench.memory import analytic_layer_bytes, analytic_state_bytes
 from sinkwindow.cache import FullAttentionLayer, HybridHeadLayer, SinkWindowLayer, cache_nbytes
+from sinkwindow.memory import analytic_layer_bytes, analytic_state_bytes
 from sinkwindow.reference import reference_greedy, reference_logits
 from sinkwindow.spec import parse_spec, split_specs
 

@@ -62,8 +62,8 @@ import torch
 
 from .masks import (
     PLAN_ATTR,
-    _route,
     physical_mask_function,
+    route_mask_call,
     sink_window_mask_function,
     sinkwindow_eager_mask,
     sinkwindow_sdpa_mask,
@@ -438,7 +438,7 @@ def sinkwindow_flex_mask(
     )  # fmt: skip
     if mask_function is not None:
         args["mask_function"] = mask_function
-    q_off, kv_off, window_sinks = _route(config, local_size, q_offset, kv_offset)
+    q_off, kv_off, window_sinks = route_mask_call(config, local_size, q_offset, kv_offset)
     if window_sinks is None or not use_flex(q_length, device):
         reason = flex_unavailable_reason(device)
         if reason is not None:

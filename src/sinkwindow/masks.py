@@ -307,7 +307,9 @@ def _as_int(x):
     return int(x.item()) if isinstance(x, torch.Tensor) else x
 
 
-def _route(config, local_size, q_offset, kv_offset) -> tuple[int, int, tuple[int | None, int] | None]:
+def route_mask_call(
+    config, local_size, q_offset, kv_offset
+) -> tuple[int, int, tuple[int | None, int] | None]:
     """Shared by both builders: ``(q_offset, kv_offset, (window, sinks) or None)``.
 
     ``None`` hands the call back to transformers' own builder (no plan, or a dense layer over a
@@ -334,7 +336,7 @@ def sinkwindow_sdpa_mask(
     **kwargs,
 ) -> torch.Tensor | None:
     """Mask builder registered with ``AttentionMaskInterface`` for ``sinkwindow_sdpa``: bool mask."""
-    q_offset, kv_offset, window_sinks = _route(config, local_size, q_offset, kv_offset)
+    q_offset, kv_offset, window_sinks = route_mask_call(config, local_size, q_offset, kv_offset)
     if window_sinks is None:
         return sdpa_mask(
             batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
@@ -364,7 +366,7 @@ def sinkwindow_eager_mask(
 
     Eager attention adds the mask to the scores, so a boolean mask would mask nothing (docs/design.md §3.1).
     """
-    q_offset, kv_offset, window_sinks = _route(config, local_size, q_offset, kv_offset)
+    q_offset, kv_offset, window_sinks = route_mask_call(config, local_size, q_offset, kv_offset)
     if window_sinks is None:
         kwargs.pop("allow_is_causal_skip", None)
         return eager_mask(

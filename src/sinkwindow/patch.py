@@ -334,7 +334,7 @@ def native_sliding_layers(config) -> list[bool]:
     return [False] * n
 
 
-def _all_configs(model: PreTrainedModel) -> list:
+def all_configs(model: PreTrainedModel) -> list:
     seen, out = set(), []
     for cfg in (model.config, text_config(model)):
         if id(cfg) not in seen:
@@ -540,7 +540,7 @@ def _apply(
     if name == FLEX_NAME:
         # The path of calls flex does not take (decode steps, refusals): the family's SDPA, else eager.
         plan[flex.FALLBACK_KEY] = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
-    for cfg in _all_configs(model):
+    for cfg in all_configs(model):
         setattr(cfg, PLAN_ATTR, plan)
     model.set_attn_implementation(name)
     state["spec"] = spec
@@ -550,7 +550,7 @@ def _apply(
     if full_kv_heads is not None:
         _, layers = _decoder_layers(model, text_config(model).num_hidden_layers)
         modules = [next(m for m in layer.modules() if _dispatches_attention(m)) for layer in layers]
-        state["live"] = hybrid.install(modules, full_kv_heads, _kv_heads(model))
+        state["live"] = hybrid.install(modules, full_kv_heads, kv_heads_of(model))
     _install_hooks(model)
     model.__class__ = _context_class(type(model))
     return model
@@ -594,7 +594,7 @@ def _warn_shrunk_local_windows(model: PreTrainedModel, spec: MethodSpec, native_
     )
 
 
-def _kv_heads(model: PreTrainedModel) -> int:
+def kv_heads_of(model: PreTrainedModel) -> int:
     tcfg = text_config(model)
     return getattr(tcfg, "num_key_value_heads", None) or tcfg.num_attention_heads
 
@@ -610,7 +610,7 @@ def _full_kv_heads(
             f"{spec} names its full-attention layers itself: use native_sliding='override' (the default), "
             f"or the plain {spec.base} with native_sliding='keep'"
         )
-    n_layers, kv_heads = text_config(model).num_hidden_layers, _kv_heads(model)
+    n_layers, kv_heads = text_config(model).num_hidden_layers, kv_heads_of(model)
     spec.check_units(n_layers, kv_heads)
     return [spec.full_kv_heads(i, kv_heads) for i in range(n_layers)]
 
@@ -644,7 +644,7 @@ def _restore(model: PreTrainedModel, state: dict) -> None:
     for handle in _HOOKS.pop(model, []):
         handle.remove()
     hybrid.remove(model)
-    for cfg in _all_configs(model):
+    for cfg in all_configs(model):
         cfg.__dict__.pop(PLAN_ATTR, None)
     model.set_attn_implementation(state["impl"])
     delattr(model, _STATE_ATTR)
@@ -691,7 +691,7 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     if spec.is_hybrid:
         extra = {
             "full_kv_heads": _full_kv_heads(model, spec, state["native_sliding"]),
-            "kv_heads": _kv_heads(model),
+            "kv_heads": kv_heads_of(model),
         }
     cache = cls(
         layers,

@@ -166,7 +166,7 @@ def _reference_mask_builder(*args, **kwargs):
 
 def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_sliding: str = "override"):
     """A float64 deep copy of ``model`` (unpatched) that runs ``spec`` through ``reference_attention``."""
-    from .patch import _all_configs, _kv_heads, apply  # local: patch imports nothing from here
+    from .patch import all_configs, apply, kv_heads_of  # local: patch imports nothing from here
     from .rope import rope_for_model
 
     spec = parse_spec(spec)
@@ -182,7 +182,7 @@ def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_slidi
         ref.set_experts_implementation("eager")
     tcfg = ref.config.get_text_config(decoder=True)
     layer_types = getattr(tcfg, "layer_types", None)
-    kv_heads = _kv_heads(ref)
+    kv_heads = kv_heads_of(ref)
     if spec.is_hybrid:
         spec.check_units(tcfg.num_hidden_layers, kv_heads)
     plan = {
@@ -201,7 +201,7 @@ def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_slidi
         if spec.is_hybrid
         else None,
     }
-    for cfg in _all_configs(ref):
+    for cfg in all_configs(ref):
         setattr(cfg, _REF_ATTR, plan)
     ref.set_attn_implementation(REFERENCE_NAME)
     return ref

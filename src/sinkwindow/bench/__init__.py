@@ -9,8 +9,9 @@ Imports the core (``sinkwindow``); the core never imports this package.
 Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``runner_for``
 (a method's or a peer's setup and fast state fill, ``bench.peers``), ``measure_decode`` /
 ``measure_prefill`` (one row each),
-``measure_bandwidth`` / ``weight_bytes_per_token`` (the roofline), ``analytic_state_bytes`` /
-``cache_nbytes`` / ``PeakMemory`` (memory), ``check_targets`` / ``write_report``.
+``measure_bandwidth`` / ``weight_bytes_per_token`` (the roofline), ``PeakMemory`` (measured
+memory; ``analytic_state_bytes`` and ``cache_nbytes`` come from the core's ``sinkwindow.memory``),
+``check_targets`` / ``write_report``.
 """
 
 from .._lazy import lazy_package
@@ -19,9 +20,10 @@ from .._lazy import lazy_package
 __all__ = lazy_package(
     __name__,
     {
-        "..cache": ["cache_lengths", "cache_nbytes"],
+        "..cache": ["cache_lengths"],
+        "..memory": ["analytic_state_bytes", "cache_nbytes"],
         ".decode": ["measure_decode", "measure_decode_interleaved", "measure_paired"],
-        ".memory": ["PeakMemory", "analytic_state_bytes"],
+        ".memory": ["PeakMemory"],
         ".methods": ["PEERS", "RUNNERS", "MethodRunner", "MethodUnavailable", "runner_for"],
         ".prefill": ["measure_prefill", "measure_prefill_interleaved"],
         ".report": [

@@ -47,10 +47,11 @@ from pathlib import Path
 
 import torch
 
+from ..memory import kv_geometry
 from ..spec import parse_spec
 from ..threads import apply_threads
 from .decode import measure_decode, measure_decode_interleaved, measure_paired
-from .memory import current_rss, kv_geometry
+from .memory import current_rss
 from .methods import FullRunner, MethodRunner, MethodUnavailable, runner_for
 from .peers import is_peer, method_name, peer_kind, peer_window
 from .prefill import measure_prefill, measure_prefill_interleaved, warm_up_prefill

@@ -119,7 +119,7 @@ def essay_token_windows(tokenizer, context: int, count: int, text: str | None = 
     for piece in pieces:
         ids.extend(tokenizer(piece, add_special_tokens=False).input_ids)
         ids.extend(tokenizer("\n\n", add_special_tokens=False).input_ids)
-    bos = _bos_prefix(tokenizer)
+    bos = bos_prefix(tokenizer)
     body = context - len(bos)
     for i in range(count):
         chunk = ids[i * body : (i + 1) * body]
@@ -133,7 +133,7 @@ def essay_token_windows(tokenizer, context: int, count: int, text: str | None = 
     return windows
 
 
-def _bos_prefix(tokenizer) -> list[int]:
+def bos_prefix(tokenizer) -> list[int]:
     probe = tokenizer("a", add_special_tokens=True).input_ids
     plain = tokenizer("a", add_special_tokens=False).input_ids
     # Whatever the tokenizer adds in front by itself (Gemma: <bos>; SmolLM2: nothing).

@@ -48,9 +48,9 @@ from .scheduler import (
     Cell,
     CellJob,
     CellsFailedError,
+    PickledModel,
     Scheduler,
     SerialScheduler,
-    _PickledModel,
     make_scheduler,
 )
 from .sessions import start_session
@@ -340,7 +340,7 @@ def _babilong_input(sample, tokenizer, chat: bool) -> str:
     return sample.prompt
 
 
-def _encode(tokenizer, text: str, chat_wrapped: bool) -> torch.Tensor:
+def encode_prompt(tokenizer, text: str, chat_wrapped: bool) -> torch.Tensor:
     # A chat template already carries BOS where the model wants it; raw prompts get the
     # tokenizer's own special tokens (Gemma needs <bos>, SmolLM2 adds none).
     return tokenizer(text, return_tensors="pt", add_special_tokens=not chat_wrapped).input_ids
@@ -503,7 +503,7 @@ def run_cell(
 
 def _kv_bytes(model, method: str, length: int, native_sliding: str = "override") -> int | None:
     """Analytic bytes of the method's attention state at ``length`` tokens, batch 1 (what a row's memory costs)."""
-    from ..bench.memory import analytic_state_bytes
+    from ..memory import analytic_state_bytes
 
     try:
         return analytic_state_bytes(
@@ -601,7 +601,7 @@ def run_eval(
         batch_model = scheduler.model_and_tokenizer[0]
     else:
         if model_factory is None and model_and_tokenizer is not None:
-            load_fn = _PickledModel(model_and_tokenizer)
+            load_fn = PickledModel(model_and_tokenizer)
         batch_model = given
         threads = {"threads": None, "reason": "per worker, set by the scheduler"}
     job = CellJob(config, load=load_fn, cell_fn=run_cell, close=_restore_full)
@@ -710,7 +710,7 @@ def _prepare_sample(tokenizer, task: str, sample, config: EvalConfig):
     if task in NIAH_TASKS:
         from .niah import needle_tokens, ruler_string_match
 
-        ids = _encode(tokenizer, sample.text, chat_wrapped=False)
+        ids = encode_prompt(tokenizer, sample.text, chat_wrapped=False)
         span = needle_tokens(tokenizer, sample.text, sample.outputs[0], add_special_tokens=True)
         cap = config.niah_max_new_tokens
         if cap is None:
@@ -731,7 +731,7 @@ def _prepare_sample(tokenizer, task: str, sample, config: EvalConfig):
 
         return ids, min(sample.max_new_tokens, cap), finish
     text = _babilong_input(sample, tokenizer, config.babilong_chat)
-    ids = _encode(tokenizer, text, chat_wrapped=text != sample.prompt)
+    ids = encode_prompt(tokenizer, text, chat_wrapped=text != sample.prompt)
 
     def finish(pred: str) -> dict:
         return {

@@ -193,7 +193,7 @@ class SerialScheduler(Scheduler):
         return []
 
 
-class _PickledModel:
+class PickledModel:
     """A ``load`` that unpickles a model the caller already had (one private copy per worker)."""
 
     def __init__(self, model_and_tokenizer: tuple):

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..bench.memory import kv_geometry
+from ..memory import kv_geometry
 from ..patch import make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec, parse_spec
@@ -194,7 +194,7 @@ def calibration_prompts(
     drawn with ``generate_niah(task, tokenizer, length, count, seed=seed)``.
     """
     from ..eval.niah import generate_niah
-    from ..eval.runner import NIAH_TASKS, _encode
+    from ..eval.runner import NIAH_TASKS, encode_prompt
 
     tasks = tuple(tasks or NIAH_TASKS)
     if samples < 1:
@@ -206,7 +206,9 @@ def calibration_prompts(
         task = tasks[i % len(tasks)]
         s = drawn[task][i // len(tasks)]
         answer = tokenizer(" " + s.outputs[0], add_special_tokens=False, return_tensors="pt").input_ids
-        out.append(CalibrationPrompt(task, s.index, _encode(tokenizer, s.text, chat_wrapped=False), answer))
+        out.append(
+            CalibrationPrompt(task, s.index, encode_prompt(tokenizer, s.text, chat_wrapped=False), answer)
+        )
     return out
 
 

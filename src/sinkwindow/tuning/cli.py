@@ -123,9 +123,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from ..eval.cli import BABILONG_MIN_LENGTH, NIAH_MIN_LENGTH
-    from .tune import _check_seeds, family_tasks, tune, write_tune
+    from .tune import check_seeds, family_tasks, tune, write_tune
 
-    _check_seeds(args.seed, args.heldout_seed)  # before the model loads
+    check_seeds(args.seed, args.heldout_seed)  # before the model loads
     tasks = family_tasks(args.task)
     least = NIAH_MIN_LENGTH if any(t.startswith("niah") for t in tasks) else 2
     least = BABILONG_MIN_LENGTH if any(t.startswith("babilong") for t in tasks) else least

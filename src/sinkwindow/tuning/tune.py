@@ -1,6 +1,6 @@
 """Search SWA(W, S) + K full units under a KV-memory budget, and check the winner on held-out samples.
 
-At one context n and a budget of B bytes (``bench.memory.analytic_state_bytes`` in the model's
+At one context n and a budget of B bytes (``memory.analytic_state_bytes`` in the model's
 dtype, so the budget is enforced exactly):
 
 1. every window W of a grid (powers of two below n) and sink count S gives a base ``swa:W:S``; the
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ..bench.memory import analytic_state_bytes, kv_geometry
+from ..memory import analytic_state_bytes, kv_geometry
 from ..spec import MethodSpec, parse_spec
 from ..switch import use_method
 from .calibrate import (
@@ -234,11 +234,11 @@ def ppl_splits(tokenizer, context: int, calibration: int, heldout: int) -> tuple
     before them; neither touches the first ``EVAL_PPL_WINDOWS`` (``sinkwindow eval ppl``'s).
     """
     from ..eval.haystack import load_essays
-    from ..eval.perplexity import _bos_prefix
+    from ..eval.perplexity import bos_prefix
 
     sep = len(tokenizer("\n\n", add_special_tokens=False).input_ids)
     total = sum(len(tokenizer(t, add_special_tokens=False).input_ids) + sep for _, t in load_essays())
-    available = total // (context - len(_bos_prefix(tokenizer)))
+    available = total // (context - len(bos_prefix(tokenizer)))
     first = available - heldout - calibration
     if first < EVAL_PPL_WINDOWS:
         raise ValueError(
@@ -438,7 +438,7 @@ def _interval_text(m: Measurement | None) -> str:
     return f"{m.score:.3f} [{m.lo:.3f}, {m.hi:.3f}] n={m.n}"
 
 
-def _check_seeds(seed: int, heldout_seed: int) -> None:
+def check_seeds(seed: int, heldout_seed: int) -> None:
     check_calibration_seed(seed, "calibration seed")
     check_calibration_seed(heldout_seed, "held-out seed")
     if seed == heldout_seed:
@@ -504,7 +504,7 @@ def tune(
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
     tasks = family_tasks(task)
-    _check_seeds(seed, heldout_seed)
+    check_seeds(seed, heldout_seed)
     name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
     config, dtype = model.config, model.dtype
     kv_heads = kv_geometry(config)[2]

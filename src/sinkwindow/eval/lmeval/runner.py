@@ -40,9 +40,9 @@ from ..scheduler import (
     Cell,
     CellJob,
     CellsFailedError,
+    PickledModel,
     Scheduler,
     SerialScheduler,
-    _PickledModel,
     make_scheduler,
 )
 from ..sessions import start_session
@@ -412,7 +412,7 @@ def run_lmeval(
     scheduler = make_scheduler(workers, ray, model_and_tokenizer=model_and_tokenizer, keep_method=False)
     load = pairs.loader()
     if model_and_tokenizer is not None and not isinstance(scheduler, SerialScheduler):
-        load = _PickledModel(model_and_tokenizer)  # each worker gets its own copy to switch
+        load = PickledModel(model_and_tokenizer)  # each worker gets its own copy to switch
     job = CellJob(pairs, load=load, cell_fn=_run_pair, close=functools.partial(_hand_back, pairs))
     if out_dir is None:
         return _run_pairs(pairs, scheduler, job, None, resume=False)

@@ -601,8 +601,12 @@ def test_report_renders_a_bench_folder(tmp_path):
 
     rows = [row(m, c, ms) for m, ms in (("full", 2.0), ("swa:64:4", 1.0)) for c in (128, 1024)]
     (tmp_path / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "{torn")
-    path = write_report(tmp_path)
-    assert path == tmp_path / "bench.md"
+    from sinkwindow.cli import main
+
+    assert main(["report", str(tmp_path)]) == 0  # the command sends a bench folder to bench's report
+    path = tmp_path / "bench.md"
+    with pytest.raises(ValueError, match="is a bench run folder"):
+        write_report(tmp_path)
     md = path.read_text()
     assert "swa:64:4" in md and "1 unreadable line(s) of bench.jsonl" in md
     assert (tmp_path / "targets.json").exists() and not (tmp_path / "report.md").exists()

@@ -670,3 +670,49 @@ def write_report(
     result = summary(rows, targets, out_dir, targets_min)
     result["files"] = [str(f) for f in files]
     return result
+
+
+def write_folder_report(run_dir: str | Path) -> Path:
+    """Re-render a bench run folder's ``bench.md`` (``sinkwindow report``) from its ``bench.jsonl``.
+
+    Unreadable lines and rows that are not bench rows are skipped with a warning, counted, and
+    named in a note at the end of the page.
+
+    Raises:
+        ValueError: the file holds no readable bench row.
+    """
+    run = Path(run_dir)
+    path = run / "bench.jsonl"
+    rows, unreadable = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            unreadable += 1
+    good = []
+    for n, r in enumerate(rows):
+        try:
+            validate_row(r)
+        except (ValueError, TypeError, KeyError) as err:
+            if n < 10:
+                logger.warning("%s: skipping a row that is not a bench row: %s", path, err)
+            continue
+        good.append(r)
+    if not good:
+        raise ValueError(f"{path} holds no readable bench rows: rerun `sinkwindow bench --out {run}`")
+    write_report(good, run)
+    notes = []
+    if unreadable:
+        notes.append(f"{unreadable} unreadable line(s) of {path.name} were skipped.")
+    if len(rows) > len(good):
+        notes.append(f"{len(rows) - len(good)} row(s) of {path.name} that are not bench rows were skipped.")
+    if notes:
+        with (run / "bench.md").open("a") as f:
+            f.write("\n" + "\n".join(f"**Note:** {n}\n" for n in notes))
+    return run / "bench.md"

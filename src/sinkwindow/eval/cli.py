@@ -447,9 +447,16 @@ def _reference_run(args: argparse.Namespace, model: str) -> Path | None:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
+    from .results import RESULTS_FILE
 
+    run = Path(args.run_dir)
     reference = getattr(args, "reference_run", None)
-    path = write_report(args.run_dir, reference_run=None if reference == "none" else reference)
+    if (run / "bench.jsonl").exists() and not (run / RESULTS_FILE).exists():
+        from ..bench.report import write_folder_report  # a bench folder: its own report
+
+        path = write_folder_report(run)
+    else:
+        path = write_report(run, reference_run=None if reference == "none" else reference)
     print(path)
     print(json.dumps({"run_dir": str(args.run_dir), "report": str(path)}))
     return 0

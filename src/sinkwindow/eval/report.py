@@ -23,8 +23,8 @@ fewer than ``MIN_INTERVAL_PAIRS`` pairs at zero width reads "n too small".
 
 :func:`write_report` renders any run folder the CLI writes: long-context runs (``results.jsonl``
 from ``eval``/``compare``, with a ``short/`` lm-eval section when there is one), lm-eval runs
-(``results.jsonl`` of ``suite: lm-eval`` rows) and ``bench`` runs (``bench.jsonl``, through
-``bench/report.py``). Unreadable lines and rows of no known shape are skipped, counted and
+(``results.jsonl`` of ``suite: lm-eval`` rows); ``sinkwindow report`` sends ``bench`` runs
+(``bench.jsonl``) to ``bench/report.py``, so evaluation never imports the benchmarks. Unreadable lines and rows of no known shape are skipped, counted and
 mentioned in the report; a folder with none of these is refused and left as it is.
 """
 
@@ -1226,33 +1226,6 @@ def _lmeval_report(run: Path, rows: list[dict], notes: list[str]) -> Path:
     return _write_page(run, "\n".join(lines), {"kind": "lm-eval", **data, "notes": notes})
 
 
-def _bench_report(run: Path) -> Path:
-    from ..bench.report import validate_row
-    from ..bench.report import write_report as write_bench_report
-    from .results import read_jsonl
-
-    rows, bad = read_jsonl(run / "bench.jsonl")
-    good = []
-    for n, r in enumerate(rows):
-        try:
-            validate_row(r)
-        except (ValueError, TypeError, KeyError) as err:
-            if n < 10:
-                logger.warning("%s: skipping a row that is not a bench row: %s", run / "bench.jsonl", err)
-            continue
-        good.append(r)
-    if not good:
-        raise ValueError(
-            f"{run / 'bench.jsonl'} holds no readable bench rows: rerun `sinkwindow bench --out {run}`"
-        )
-    write_bench_report(good, run)
-    notes = _skip_notes(run / "bench.jsonl", len(bad), len(rows) - len(good))
-    if notes:
-        with (run / "bench.md").open("a") as f:
-            f.write("\n" + "\n".join(f"**Note:** {n}\n" for n in notes))
-    return run / "bench.md"
-
-
 def write_report(
     run_dir: str | Path,
     extra_sections: list[str] = (),
@@ -1291,7 +1264,9 @@ def write_report(
         )
     if store is None and not (run / RESULTS_FILE).exists():
         if (run / "bench.jsonl").exists():
-            return _bench_report(run)
+            raise ValueError(
+                f"{run} is a bench run folder (bench.jsonl): render it with `sinkwindow report {run}`"
+            )
         raise FileNotFoundError(
             f"{run} holds no results ({RESULTS_FILE} or bench.jsonl): pass a folder written by sinkwindow "
             f"eval, compare or bench"

@@ -379,8 +379,6 @@ def paired_sign_test(
     Raises:
         ValueError: unpaired or empty cells.
     """
-    from scipy.stats import binom
-
     ca, cb = _paired_cells(a, b)
     C = len(ca)
     w = np.concatenate([np.full(x.size, 1.0 / (C * x.size)) for x in ca])
@@ -407,32 +405,44 @@ def paired_sign_test(
     for m, _ in groups.values():
         states *= m + 1
     if states <= max_states:
-        # Distribution of T / scale as {value: probability}, one group at a time.
-        dist = {0.0: 1.0}
-        for key, (m, _) in groups.items():
-            xs = np.arange(m + 1)
-            pmf = binom.pmf(xs, m, 0.5)
-            contrib = key * (2 * xs - m)
-            nxt: dict[float, float] = {}
-            for t0, p0 in dist.items():
-                for c, pc in zip(contrib, pmf):
-                    t = round(t0 + float(c), 9)
-                    nxt[t] = nxt.get(t, 0.0) + p0 * float(pc)
-            dist = nxt
-        thr = t_obs / scale - tol / scale
-        p = sum(pr for t, pr in dist.items() if abs(t) >= thr)
+        p = _exact_flip_p(groups, (t_obs - tol) / scale)
         method = "exact sign test" if len(groups) == 1 else "stratified exact sign-flip"
     else:
-        rng = np.random.default_rng(seed)
-        vals = (w * np.abs(d))[nz]
-        hits = 0
-        for start in range(0, n_mc, 10_000):
-            k = min(10_000, n_mc - start)
-            signs = rng.integers(0, 2, size=(k, vals.size)) * 2 - 1
-            hits += int((np.abs(signs @ vals) >= t_obs - tol).sum())
-        p = (hits + 1) / (n_mc + 1)
+        p = _monte_carlo_flip_p((w * np.abs(d))[nz], t_obs - tol, n_mc, seed)
         method = f"sign-flip, Monte Carlo {n_mc}"
     return TestResult(min(1.0, float(p)), n, plus, minus, method, min_p, mdd)
+
+
+def _exact_flip_p(groups: dict[float, list[int]], threshold: float) -> float:
+    """P(|T| >= threshold) for T = sum over groups of key * (2 X - m), X ~ Binomial(m, 1/2), exactly.
+
+    The distribution is built one group at a time as ``{value: probability}`` (values rounded to 9
+    decimals, so equal sums from different groups meet).
+    """
+    from scipy.stats import binom
+
+    dist = {0.0: 1.0}
+    for key, (m, _) in groups.items():
+        xs = np.arange(m + 1)
+        contrib, pmf = key * (2 * xs - m), binom.pmf(xs, m, 0.5)
+        nxt: dict[float, float] = {}
+        for t0, p0 in dist.items():
+            for c, pc in zip(contrib, pmf):
+                t = round(t0 + float(c), 9)
+                nxt[t] = nxt.get(t, 0.0) + p0 * float(pc)
+        dist = nxt
+    return sum(pr for t, pr in dist.items() if abs(t) >= threshold)
+
+
+def _monte_carlo_flip_p(values: np.ndarray, threshold: float, n_mc: int, seed: int) -> float:
+    """P(|sum of +-values| >= threshold) from ``n_mc`` seeded random sign flips (add-one estimate)."""
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, n_mc, 10_000):
+        k = min(10_000, n_mc - start)
+        signs = rng.integers(0, 2, size=(k, values.size)) * 2 - 1
+        hits += int((np.abs(signs @ values) >= threshold).sum())
+    return (hits + 1) / (n_mc + 1)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -87,3 +87,17 @@ def test_unreadable_model_and_checkpoint_files_get_one_line(tmp_path):
     for bad in (empty, truncated):
         with pytest.raises(ValueError, match="safetensors checkpoint|tensors cannot be read"):
             load_checkpoint(tiny_model("llama"), bad)
+
+
+@torch.no_grad()
+def test_assisted_decoding_is_refused_up_front_and_plain_generate_still_works():
+    """prompt_lookup_num_tokens used to fail inside transformers ("Assisted decoding requires a cache")."""
+    model = sinkwindow.apply(tiny_model("llama"), "swa:8:2")
+    ids = _ids(20)
+    with pytest.raises(ValueError, match=r"assisted decoding \(prompt_lookup_num_tokens\) crops the cache"):
+        model.generate(ids, max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=3)
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 24)
+    with sinkwindow.apply(model, "full"):  # unpatched, transformers' own assisted decoding runs
+        again = model.generate(ids, max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=3)
+    assert again.shape[1] == 24

@@ -363,6 +363,10 @@ def _own_configs(model: PreTrainedModel) -> None:
             module.config = swap[id(cfg)]
 
 
+# generate() arguments that turn on assisted decoding (candidate tokens verified, then the cache cropped).
+_ASSISTED = ("prompt_lookup_num_tokens", "assistant_model", "assistant_early_exit")
+
+
 class _SinkWindowContext:
     """Mixed into the model's class by ``apply`` so ``with apply(model, spec):`` restores on exit.
 
@@ -383,6 +387,25 @@ class _SinkWindowContext:
         if getattr(self, _STATE_ATTR, None) is None:
             return _base_of(type(self))._supports_default_dynamic_cache()
         return False
+
+    def generate(self, *args, **kwargs):
+        # Assisted decoding (prompt lookup, an assistant model) drafts tokens and then crops the cache
+        # back to the accepted ones. A bounded SWA(w, s) cache has already evicted what cropping would
+        # have to restore, so transformers fails deep inside; say why before anything runs.
+        config = kwargs.get("generation_config")
+        asked = [
+            name
+            for name in _ASSISTED
+            if kwargs.get(name) is not None
+            or (config is not None and getattr(config, name, None) is not None)
+        ]
+        if asked and getattr(self, _STATE_ATTR, None) is not None:
+            raise ValueError(
+                f"assisted decoding ({', '.join(asked)}) crops the cache back after each draft, which a bounded "
+                f"{self.__dict__[_STATE_ATTR]['spec']} cache cannot do (the keys are already evicted): generate "
+                f"without it, or run it under full attention (sinkwindow.apply(model, 'full'))"
+            )
+        return super().generate(*args, **kwargs)
 
     def __exit__(self, *exc) -> None:
         blocks = self.__dict__.get(_BLOCKS_ATTR) or [None]

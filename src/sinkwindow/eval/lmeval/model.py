@@ -5,6 +5,11 @@ at module level, as lm-eval's own ``hf`` is registered in ``lm_eval/models/huggi
 The package's ``__init__`` also registers it lazily, by path, so ``get_model("sinkwindow")``
 works once ``sinkwindow.eval.lmeval`` is imported without importing this module (and lm-eval's
 ``HFLM``) before a model is asked for.
+
+lm-eval's stock ``lm_eval`` command cannot find the model: lm-eval 0.4 has no plugin mechanism for
+models (no entry points; its registry holds what has been imported), and nothing imports sinkwindow
+in that process. ``sinkwindow-lm-eval`` is lm-eval's own CLI with the model registered first: run
+``sinkwindow-lm-eval --model sinkwindow --model_args pretrained=smollm2-135m,method=swa:64:4 ...``.
 """
 
 from __future__ import annotations

@@ -79,3 +79,30 @@ def test_a_ray_address_where_nothing_listens_fails_in_seconds(tiny_folder, tmp_p
     err = capsys.readouterr().err
     assert time.perf_counter() - t0 < 30
     assert rc == 2 and f"nothing answers at Ray address 127.0.0.1:{port}" in err
+
+
+@pytest.mark.parametrize(
+    "spec, said",
+    [
+        ("swa:+64", "malformed method 'swa:+64': before '+' must come swa:W[:S]"),
+        ("liger:0", "e.g. liger:64)"),
+    ],
+)
+def test_spec_messages_name_what_was_typed(spec, said):
+    import sinkwindow
+
+    with pytest.raises(ValueError) as err:
+        sinkwindow.parse_spec(spec)
+    assert said in str(err.value)
+
+
+def test_help_texts_say_what_the_code_does(capsys):
+    for argv, want, unwanted in [
+        (["--help"], "liger:W", None),
+        (["bench", "--help"], "(default: 512)", "(default: None)"),
+        (["eval", "ppl", "--help"], "ppl, the only task", "niah_single_3"),
+        (["eval", "niah", "--help"], "/proc/stat", "1-minute load"),
+    ]:
+        assert main(argv) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert want in out and (unwanted is None or unwanted not in out), argv

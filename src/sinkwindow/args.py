@@ -29,6 +29,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+# torch-free, so --help stays fast
+from .registry import DEFAULT_MODEL
+
 __all__ = [
     "DEFAULT_MODEL",
     "DTYPES",
@@ -74,9 +77,6 @@ __all__ = [
     "run_reporting_errors",
 ]
 
-# Equal to sinkwindow.models.DEFAULT_MODEL (a test keeps them so): importing models here would pull
-# torch into every --help.
-DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("float32", "bfloat16", "float16")
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 SIZE_HELP = "k = 1024, M = 1024**2 tokens"
@@ -640,9 +640,9 @@ def add_chunk_size(
 
 
 THREADS_HELP = (
-    "torch CPU threads (default: OMP_NUM_THREADS if set, else 1 while other processes load the machine "
-    "(1-minute load >= cores - 0.5) and every core otherwise; printed on stderr). On a busy machine more "
-    "threads are slower: OpenMP threads spin waiting for each other at every op"
+    "torch CPU threads (default: OMP_NUM_THREADS if set, else the cores other processes leave free, from a "
+    "0.25 s sample of /proc/stat: one fewer per core they keep busy, at least 1; printed on stderr). On a "
+    "busy machine more threads are slower: OpenMP threads spin waiting for each other at every op"
 )
 
 

@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Sliding-window attention with attention sinks, SWA(w, s), for any transformers causal LM: "
             "fixed memory, no training. Run it, evaluate it, benchmark it."
         ),
-        epilog="Methods: full, swa:W[:S] (S sinks, default 4), evict:W[:S], lolcats:W, linear. "
+        epilog="Methods: full, swa:W[:S] (S sinks, default 4), evict:W[:S], lolcats:W, liger:W, linear, "
+        "and hybrids swa:W:S+full:LAYERS. "
         "Example: sinkwindow generate --method swa:64:4 --prompt 'Hello'",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -81,7 +81,8 @@ class MethodSpec:
                 raise ValueError(f"'{self.kind}' takes no window or sinks")
             return
         if self.window is None or not isinstance(self.window, int) or self.window <= 0:
-            raise ValueError(f"window W must be a positive integer, got {self.window!r} (e.g. swa:64:4)")
+            example = f"{self.kind}:64" if self.kind in ("lolcats", "liger") else f"{self.kind}:64:4"
+            raise ValueError(f"window W must be a positive integer, got {self.window!r} (e.g. {example})")
         if self.window > MAX_WINDOW:
             raise ValueError(
                 f"window W={self.window} is larger than any context a model can have (max {MAX_WINDOW}): "
@@ -258,7 +259,14 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
 
 def _parse_hybrid(text: str, body: str, units: str) -> MethodSpec:
     """``swa:W:S+full:3,11.2`` -> the SWA spec with layer 3 and KV head 2 of layer 11 full."""
-    base = parse_spec(body)
+    try:
+        base = parse_spec(body)
+    except ValueError as err:
+        # Name what the user typed, not the part before '+' ('swa:+64' is not about 'swa:').
+        raise ValueError(
+            f"malformed method {text!r}: before '+' must come swa:W[:S] ({err}); a hybrid reads "
+            f"swa:256:4+full:3,11"
+        ) from None
     head, _, items = units.partition(":")
     if head.strip() != "full" or not items.strip():
         raise ValueError(

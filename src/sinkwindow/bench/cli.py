@@ -109,7 +109,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="untimed decode steps first (default: 4)",
     )
-    cli_args.add_chunk_size(g, None, help="prefill chunk for SWA, tokens (default: 512)")
+    # Not add_chunk_size: its "(default: ...)" would print None, the value --quick and the config fill in.
+    g.add_argument(
+        "--chunk-size",
+        type=cli_args.integer(1, what="--chunk-size"),
+        default=None,
+        help="prefill chunk for SWA, tokens (default: 512)",
+    )
     g.add_argument(
         "--real-prefill-max",
         type=cli_args.size(0, what="--real-prefill-max"),

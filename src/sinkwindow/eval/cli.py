@@ -504,7 +504,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--tasks",
             type=_task_list(family),
             default=None,
-            help="subset, e.g. niah_single_3 or babilong_qa1,babilong_qa2",
+            help={
+                "niah": "subset, e.g. niah_single_3 or niah_single_1,niah_single_2",
+                "babilong": "subset, e.g. babilong_qa1 or babilong_qa1,babilong_qa2",
+            }.get(family, "ppl, the only task of this family"),
         )
         q.add_argument("--lengths", type=lengths_type, default=lengths, help=lengths_help)
         q.add_argument(

@@ -23,8 +23,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..attributes import MODEL_NAME_ATTR
-from ..models import packaged_name
 from ..patch import text_config
+from ..registry import packaged_name
 from ..spec import MethodSpec, parse_spec
 from .attention import LinearVariant
 from .convert import convert, get_retrofit, is_converted

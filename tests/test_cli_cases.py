@@ -106,3 +106,22 @@ def test_help_texts_say_what_the_code_does(capsys):
         assert main(argv) == 0
         out = " ".join(capsys.readouterr().out.split())
         assert want in out and (unwanted is None or unwanted not in out), argv
+
+
+def test_hybrid_units_and_missing_paths_are_refused_before_the_model_loads(
+    tiny_folder, tmp_path, capsys, monkeypatch
+):
+    import sinkwindow.models as models
+
+    loads = []
+    monkeypatch.setattr(
+        models, "_load_gguf", lambda *a, **k: loads.append(a) or (_ for _ in ()).throw(AssertionError)
+    )
+    rc = main(["eval", "ppl", "--model", str(tiny_folder), "--methods", "swa:8:2+full:99", "--lengths", "16",
+               "--samples", "1", "--no-progress", "--out", str(tmp_path / "run")])  # fmt: skip
+    assert rc == 2 and "names layer 99, but the model has" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    missing = str(tmp_path / "no" / "such" / "model")
+    rc = main(["generate", "--model", missing, "--prompt", "w2", "--max-new-tokens", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no model folder or file at" in err and "offline" not in err

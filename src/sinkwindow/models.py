@@ -70,6 +70,30 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _looks_like_path(name: str) -> bool:
+    """A name that can only be a path: absolute, relative to . or ~, or with more than one '/'
+    (a hub id is exactly ``org/name``). Such a name that does not exist is a missing folder, not a
+    hub id to try online."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+
+def model_config(name: str):
+    """The config of ``name`` without loading weights, when that costs nothing: a packaged model
+    already converted once, or a local folder. ``None`` otherwise (a hub id would mean the network,
+    a fresh GGUF a conversion): callers check what they can before the load and the rest after."""
+    from transformers import AutoConfig
+
+    if name in PACKAGED_MODELS:
+        if not is_installed(PACKAGED_MODELS[name]):
+            return None
+        target = _converted_dir(resolve_gguf(name))
+        return AutoConfig.from_pretrained(target) if (target / "config.json").is_file() else None
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return AutoConfig.from_pretrained(path)
+    return None
+
+
 def is_installed(entry: PackagedModel) -> bool:
     return all((d := _package_dir(mod)) is not None and (d / fname).exists() for mod, fname in entry.packages)
 
@@ -276,6 +300,10 @@ def load(
             )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(path)
+    elif _looks_like_path(name):
+        raise FileNotFoundError(
+            f"no model folder or file at {path}: give an existing folder, a .gguf file or a hub id"
+        )
     elif "/" in name and not path.exists():
         model, tokenizer = _load_hub(name, dtype, offline, device_map)
     else:

@@ -208,6 +208,24 @@ def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_units(model: str, methods: list[str]) -> None:
+    """Refuse hybrid units the model does not have before it loads, where its config is at hand."""
+    from ..spec import parse_spec
+
+    hybrids = [parse_spec(m) for m in methods if "+full:" in m]
+    if not hybrids:
+        return
+    from ..memory import kv_geometry
+    from ..models import model_config
+
+    config = model_config(model)
+    if config is None:
+        return  # checked after the load, as before
+    layers, _, kv_heads, _ = kv_geometry(config)
+    for spec in hybrids:
+        spec.check_units(layers, kv_heads)
+
+
 def _source_diff(args: argparse.Namespace) -> str | None:
     """Refuse uncommitted source before anything loads (a dry run writes nothing and is let through)."""
     from .results import check_clean_source
@@ -226,6 +244,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         or {"niah": list(NIAH_TASKS), "babilong": list(BABILONG_TASKS), "ppl": ["ppl"]}[args.family]
     )
     methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
+    _check_units(args.model, methods)
     device, device_map = cli_args.resolve_placement(args.device, args.device_map)
     lengths = args.lengths
     cfg = EvalConfig(
@@ -310,6 +329,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
     methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, methods)
+    _check_units(args.model, methods)
     device, device_map = cli_args.resolve_placement(args.device, args.device_map)
     sizes = dict(COMPARE_SIZES[size])
     if args.samples is not None:

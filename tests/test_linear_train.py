@@ -724,3 +724,40 @@ def test_start_from_a_stage1_checkpoint_on_longer_chunks(tmp_path, alpaca_file):
             tiny_model("llama"), CharTokenizer(), f"lolcats:{W}", tmp_path / "bad", seq_len=64,
             start_from=tmp_path / "short2" / "model.safetensors", **kwargs,
         )  # fmt: skip
+
+
+def test_swa_lora_runs_as_its_own_method_beside_plain_swa(tmp_path, tiny_folder, alpaca_file, capsys):
+    """``swa:W:S@NAME``: the trained SWA + LoRA, evaluated beside the untrained SWA(w, s) in one folder."""
+    import sinkwindow
+    from sinkwindow.cli import main
+    from sinkwindow.eval.results import ResultsStore
+
+    run = tmp_path / "swa-lora"
+    words = (
+        tmp_path / "words.txt"
+    )  # the tiny folder's tokenizer knows w1..w100 only: a learnable text of them
+    words.write_text(" ".join(f"w{2 + (i * i) % 37}" for i in range(3000)))
+    argv = ["train", "--model", str(tiny_folder), "--method", f"swa:{W}:2", "--data", str(words),
+            "--finetune-tokens", "256", "--seq-len", "32", "--grad-accum", "1", "--eval-every", "1",
+            "--lr-finetune", "1e-2", "--val-batches", "1", "--no-progress", "--out", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert json.loads((run / "summary.json").read_text())["stages"]["finetune"]["best_step"] > 0
+    model, tok = sinkwindow.load(str(tiny_folder), method=f"swa:{W}:2@lora", checkpoint=run)
+    plain, _ = sinkwindow.load(str(tiny_folder), method=f"swa:{W}:2")
+    assert get_retrofit(model).variant.kind == "swa" and get_retrofit(model).lora["alpha"] == 16
+    ids = ids_for(1, 3 * W)
+    with torch.no_grad():
+        assert not torch.allclose(model(ids, use_cache=False).logits, plain(ids, use_cache=False).logits)
+    with pytest.raises(ValueError, match="is a trained method"):
+        sinkwindow.apply(plain, f"swa:{W}:2@lora")
+    out = tmp_path / "eval"
+    rc = main(["eval", "ppl", "--model", str(tiny_folder), "--methods", f"swa:{W}:2,swa:{W}:2@lora",
+               "--checkpoint", f"swa:{W}:2@lora={run}", "--lengths", "40", "--samples", "1", "--no-progress",
+               "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    rows = {r["method"]: r for r in ResultsStore(out).rows()}
+    # (The essays are all [UNK] to this tokenizer, so their perplexity cannot tell the two apart.)
+    assert set(rows) == {f"swa:{W}:2", f"swa:{W}:2@lora"}
+    settings = json.loads((out / "fingerprint.json").read_text())["settings"]
+    assert f"checkpoint[swa:{W}:2@lora]" in settings and f"checkpoint[swa:{W}:2]" not in settings

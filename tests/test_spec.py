@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from sinkwindow import MethodSpec, parse_spec
@@ -71,3 +73,23 @@ def test_trained_baselines_are_linear_and_unbounded():
     assert not parse_spec("swa:64:4").is_linear
     with pytest.raises(ValueError, match="takes no sinks"):
         MethodSpec("liger", window=64, sinks=4)
+
+
+def test_trained_variants_are_named_with_an_adapter():
+    from sinkwindow.spec import parse_spec
+
+    lora = parse_spec("swa:256:4@lora")
+    assert str(lora) == "swa:256:4@lora" and lora.is_trained and lora.is_windowed
+    assert lora.without_adapter == parse_spec("swa:256:4") and not parse_spec("swa:256:4").is_trained
+    assert str(parse_spec("LoLCATs:256@Len4k")) == "lolcats:256@len4k"
+    assert parse_spec("lolcats:256@len4k") != parse_spec("lolcats:256")
+    for bad, said in [
+        ("evict:256:4@lora", "goes on swa:W:S"),
+        ("swa:256:4+full:3@lora", "goes on swa:W:S"),
+        ("swa:256:4:cache@lora", "goes on swa:W:S"),
+        ("full@x", "goes on swa:W:S"),
+        ("swa:64:4@", "name the adapter after '@'"),
+        ("swa:64:4@a_b", "lower-case letters, digits and '-'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            parse_spec(bad)

@@ -268,6 +268,11 @@ def linear_method(text: str) -> str:
 
     spec = method(text)
     parsed = parse_spec(spec)
+    if parsed.adapter:
+        raise argparse.ArgumentTypeError(
+            f"train the method itself ({parsed.without_adapter}); the name after '@' is given when its adapter "
+            f"ships or is evaluated (--checkpoint {parsed}=RUN_FOLDER)"
+        )
     plain_swa = (
         parsed.kind == "swa"
         and parsed.positions == "absolute"
@@ -335,9 +340,10 @@ def parse_checkpoint(text: str) -> tuple[str | None, str]:
             raise argparse.ArgumentTypeError(
                 f"{name!r} before '=' is not a method spec: use PATH or METHOD=PATH (e.g. lolcats:64=runs/lolcats64)"
             ) from None
-        if not parsed.is_linear:
+        if not parsed.is_trained:
             raise argparse.ArgumentTypeError(
-                f"{parsed} takes no checkpoint: only the trained baselines (lolcats:W, liger:W, linear) do"
+                f"{parsed} takes no checkpoint: only trained methods do (lolcats:W, liger:W, linear, and METHOD@NAME "
+                f"such as swa:256:4@lora)"
             )
         spec = str(parsed)
     else:
@@ -385,7 +391,7 @@ def resolve_checkpoints(
     out: dict[str, str] = {}
     for spec, path in given or []:
         if spec is None:
-            linear = [m for m in methods if parse_spec(m).is_linear]
+            linear = [m for m in methods if parse_spec(m).is_trained]
             if len(linear) != 1:
                 which = f"several ({', '.join(linear)})" if linear else "none"
                 raise ValueError(

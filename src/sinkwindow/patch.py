@@ -531,9 +531,9 @@ def _apply(
         # outermost block's exit gives the model its own class back.
         model.__class__ = _context_class(type(model))
         return model
-    if spec.is_linear:
+    if spec.is_trained:
         raise ValueError(
-            f"{spec} is a trained linear-attention baseline: convert the model with sinkwindow.linear "
+            f"{spec} is a trained method: load it with sinkwindow.use_method(model, '{spec}', checkpoint=...) "
             f"(or sinkwindow.load(name, method='{spec}', checkpoint=...)) instead of apply()"
         )
     if spec.positions == "cache":

@@ -13,6 +13,11 @@ Grammar (case-insensitive, ``:``-separated)::
     liger:W                   Liger-GLA(+SWA): 0.5 · softmax over the last W keys + 0.5 · gated linear
                               attention over every key, each normalised on its own; no new
                               parameters, trained with LoRA
+    METHOD@NAME               a trained variant: ``swa:W:S@NAME`` is SWA(W, S) plus the LoRA adapter
+                              NAME (trained with ``sinkwindow train --method swa:W:S``), and
+                              ``lolcats:W@NAME`` (likewise ``liger``, ``linear``) an adapter other
+                              than the one trained with the paper's recipe (e.g. on longer sequences).
+                              It loads a shipped adapter of that name or ``--checkpoint METHOD@NAME=PATH``
     swa:W:S+full:UNITS        a hybrid: SWA(W, S) except the named units, which keep full attention.
                               A unit is a layer (``11``) or one KV head of a layer (``11.2``), comma
                               separated: ``swa:256:4+full:3,11,27`` or ``swa:256:4+full:11.2,17.0``
@@ -33,6 +38,7 @@ __all__ = [
     "POSITION_MODES",
     "MAX_WINDOW",
     "FULL_SUFFIX",
+    "ADAPTER_SEP",
     "split_specs",
 ]
 
@@ -43,7 +49,13 @@ DEFAULT_SINKS = 4
 # has a context anywhere near 2**31 tokens.
 MAX_WINDOW = 2**31 - 1
 
-_GRAMMAR = "full | swa:W[:S][:absolute|cache][+full:L,L.H,...] | evict:W[:S][:absolute|cache] | linear | lolcats:W | liger:W"
+_GRAMMAR = (
+    "full | swa:W[:S][:absolute|cache][+full:L,L.H,...] | evict:W[:S][:absolute|cache] | linear | lolcats:W | "
+    "liger:W, a trained one with @NAME (swa:W:S@NAME, lolcats:W@NAME)"
+)
+# What separates a method from the name of its trained adapter.
+ADAPTER_SEP = "@"
+_ADAPTER_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 # What separates a hybrid's SWA part from the units that keep full attention.
 FULL_SUFFIX = "+full:"
 
@@ -67,9 +79,11 @@ class MethodSpec:
     positions: str = "absolute"
     full_layers: tuple[int, ...] = ()
     full_heads: tuple[tuple[int, int], ...] = ()
+    adapter: str = ""
 
     def __post_init__(self) -> None:
         self._check_units()
+        self._check_adapter()
         if self.kind not in SPEC_KINDS:
             raise ValueError(f"unknown method kind {self.kind!r}; expected one of: {_GRAMMAR}")
         if self.positions not in POSITION_MODES:
@@ -125,6 +139,33 @@ class MethodSpec:
             )
         object.__setattr__(self, "full_layers", tuple(sorted(layers)))
         object.__setattr__(self, "full_heads", tuple(sorted(heads)))
+
+    def _check_adapter(self) -> None:
+        """``@NAME``: lower-case letters, digits and '-'; on a trained kind or a plain SWA(w, s)."""
+        if not self.adapter:
+            return
+        if not _ADAPTER_RE.fullmatch(self.adapter):
+            raise ValueError(
+                f"adapter name {self.adapter!r}: use up to 32 lower-case letters, digits and '-' (e.g. lora, len4k)"
+            )
+        plain_swa = self.kind == "swa" and self.positions == "absolute" and not self.is_hybrid
+        if not (plain_swa or self.kind in ("linear", "lolcats", "liger")):
+            raise ValueError(
+                f"@{self.adapter} names a trained adapter: it goes on swa:W:S (absolute positions, no +full units), "
+                f"lolcats:W, liger:W or linear, not {self.without_adapter}"
+            )
+
+    @property
+    def without_adapter(self) -> MethodSpec:
+        """The spec with no ``@NAME``: the method a checkpoint of this variant was trained as."""
+        return MethodSpec(
+            self.kind, self.window, self.sinks, self.positions, self.full_layers, self.full_heads
+        )
+
+    @property
+    def is_trained(self) -> bool:
+        """True when running the spec needs trained tensors: the linear baselines and any ``@NAME``."""
+        return self.is_linear or bool(self.adapter)
 
     @staticmethod
     def _units_text(layers, heads) -> str:
@@ -195,10 +236,13 @@ class MethodSpec:
         return self.window if self.is_windowed else None
 
     def __str__(self) -> str:
+        tail = f"{ADAPTER_SEP}{self.adapter}" if self.adapter else ""
         if self.kind in ("full", "linear"):
-            return self.kind
+            return self.kind + tail
         if self.kind in ("lolcats", "liger"):
-            return f"{self.kind}:{self.window}"
+            return f"{self.kind}:{self.window}{tail}"
+        if tail:
+            return f"{self.kind}:{self.window}:{self.sinks}{tail}"
         text = f"{self.kind}:{self.window}:{self.sinks}"
         if self.positions != "absolute":
             text += f":{self.positions}"
@@ -219,7 +263,21 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
         raise ValueError(
             f"method spec must be a non-empty string like 'swa:64:4'; got {text!r}. Grammar: {_GRAMMAR}"
         )
-    body, sep, units = text.strip().lower().partition("+")
+    rest, at, adapter = text.strip().lower().partition(ADAPTER_SEP)
+    if at:
+        if not adapter.strip():
+            raise ValueError(f"malformed method {text!r}: name the adapter after '@' (e.g. swa:256:4@lora)")
+        spec = parse_spec(rest)
+        return MethodSpec(
+            spec.kind,
+            spec.window,
+            spec.sinks,
+            spec.positions,
+            spec.full_layers,
+            spec.full_heads,
+            adapter.strip(),
+        )
+    body, sep, units = rest.partition("+")
     if sep:
         return _parse_hybrid(text, body, units)
     parts = [p.strip() for p in body.split(":")]

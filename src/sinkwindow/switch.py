@@ -60,7 +60,7 @@ def use_method(
 
         revert(model)
     apply(model, "full")
-    if spec.is_linear:
+    if spec.is_trained:
         from .linear import convert, load_linear, shipped_adapter  # noqa: PLC0415
 
         if checkpoint is None and allow_untrained and shipped_adapter(model_name(model), spec) is None:

@@ -292,7 +292,7 @@ def compare_methods(model: str, with_checkpoint: set[str] = frozenset()) -> tupl
     methods = [
         m
         for m in COMPARE_METHODS
-        if not parse_spec(m).is_linear or m in with_checkpoint or shipped_adapter(model, m) is not None
+        if not parse_spec(m).is_trained or m in with_checkpoint or shipped_adapter(model, m) is not None
     ]
     notes = [
         f"{m} left out: no trained adapter ships for {model}; train one (sinkwindow train --method {m}) "

@@ -384,7 +384,7 @@ def run_settings(config, model=None) -> dict[str, Any]:
     if "ppl" in tasks:
         settings["ppl_bucket"] = config.ppl_bucket
     for method in config.methods:
-        if parse_spec(method).is_linear:
+        if parse_spec(method).is_trained:
             settings[_checkpoint_key(method)] = _checkpoint_identity(
                 config.model, config.checkpoints.get(method), method
             )
@@ -471,7 +471,7 @@ def lmeval_settings(
         if spec.get("files") is not None:
             settings[f"data[{task}]"] = data_files_identity(spec["files"])
     for method in methods:
-        if parse_spec(method).is_linear:
+        if parse_spec(method).is_trained:
             given = (checkpoints or {}).get(method)
             settings[_checkpoint_key(method)] = _checkpoint_identity(model_name, given, method)
     return settings

@@ -105,12 +105,13 @@ def _mean(xs: list[float]) -> float:
 def _order_methods(methods) -> list[str]:
     def key(m: str):
         if m == "full":
-            return (0, 0, 0, m)
-        parts = m.split(":")
-        kind_rank = {"swa": 1, "evict": 2, "lolcats": 3, "liger": 4, "linear": 5}.get(parts[0], 6)
-        w = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-        s = -int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0
-        return (kind_rank, w, s, m)
+            return (0, 0, 0, "", m)
+        try:
+            sp = parse_spec(m)
+        except ValueError:
+            return (6, 0, 0, "", m)
+        kind_rank = {"swa": 1, "evict": 2, "lolcats": 3, "liger": 4, "linear": 5}[sp.kind]
+        return (kind_rank, sp.window or 0, -sp.sinks, sp.adapter, m)
 
     return sorted(set(methods), key=key)
 
@@ -210,7 +211,15 @@ def _comparison_pairs(methods) -> list[tuple[str, str]]:
             same_w = sb.window == sa.window and sb.positions == sa.positions
             if sb.kind in ("lolcats", "liger") and sb.window == sa.window:
                 ranked.append((0 if sb.kind == "lolcats" else 1, b))
-            elif sb.kind == "swa" and same_w and sb.sinks == 0:
+            elif (
+                sb.kind == "swa"
+                and same_w
+                and sb.sinks == sa.sinks
+                and sb.adapter != sa.adapter
+                and not sa.adapter
+            ):
+                ranked.append((1.5, b))  # SWA(w, s) against itself with a trained adapter: what training buys
+            elif sb.kind == "swa" and same_w and sb.sinks == 0 and not sb.adapter:
                 ranked.append((2, b))
             elif sb.kind == "evict" and same_w and sb.sinks == sa.sinks:
                 ranked.append((3, b))
@@ -1334,7 +1343,7 @@ def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:
             spec = parse_spec(method)
         except (TypeError, ValueError):
             continue
-        if not spec.is_linear or method in out:
+        if not spec.is_trained or method in out:
             continue
         try:
             from ..linear.adapters import read_provenance, shipped_adapter

@@ -206,7 +206,7 @@ class EvalConfig:
             raise ValueError("samples and ppl_windows must be positive")
         for m in self.methods:
             spec = parse_spec(m)
-            if spec.is_linear and m not in self.checkpoints and shipped_adapter(self.model, spec) is None:
+            if spec.is_trained and m not in self.checkpoints and shipped_adapter(self.model, spec) is None:
                 raise ValueError(
                     f"method {m} is a trained baseline: give its checkpoint (--checkpoint {m}=PATH); "
                     f"train one with `sinkwindow train --method {m}`"

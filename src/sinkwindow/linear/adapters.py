@@ -47,7 +47,7 @@ PACKAGE_BUDGET_BYTES = 20 * 2**20
 
 def adapter_stem(model_name: str, spec: str | MethodSpec) -> str:
     """File stem of a shipped adapter: ``smollm2-135m--lolcats256``."""
-    return f"{model_name}--{str(parse_spec(spec)).replace(':', '')}"
+    return f"{model_name}--{str(parse_spec(spec)).replace(':', '').replace('@', '-')}"
 
 
 def shipped_adapter(model_name: str | None, spec: str | MethodSpec) -> Path | None:

@@ -252,8 +252,10 @@ def load_linear(
             f"--out runs/{str(spec).replace(':', '')}`, then pass checkpoint=<that folder> (CLI: --checkpoint)"
         )
     meta = read_metadata(checkpoint)
-    if parse_spec(meta["spec"]) != spec:
-        raise ValueError(f"{resolve_checkpoint(checkpoint)} holds a '{meta['spec']}' baseline, not '{spec}'")
+    if parse_spec(meta["spec"]) != spec.without_adapter:
+        raise ValueError(
+            f"{resolve_checkpoint(checkpoint)} holds a '{meta['spec']}' baseline, not '{spec.without_adapter}'"
+        )
     load_checkpoint(model, checkpoint)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -196,7 +196,8 @@ def convert(
         ValueError: wrong spec, unsupported model (for Liger also a RoPE it cannot invert), already
             converted or patched.
     """
-    spec = parse_spec(spec)
+    # A trained variant's name (@NAME) labels its tensors, not what is built.
+    spec = parse_spec(spec).without_adapter
     if not (spec.is_linear or _is_swa_lora(spec)):
         raise ValueError(
             f"convert() builds trained baselines ('linear', 'lolcats:W', 'liger:W', 'swa:W:S' for SWA + LoRA); "

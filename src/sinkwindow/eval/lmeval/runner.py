@@ -223,7 +223,7 @@ def _evaluate(
 def _checkpoint_for(checkpoints: Mapping[str, str] | str | None, spec: str) -> str | None:
     from sinkwindow import parse_spec
 
-    if not parse_spec(spec).is_linear:
+    if not parse_spec(spec).is_trained:
         return None
     if isinstance(checkpoints, Mapping):
         return checkpoints.get(spec)
@@ -344,7 +344,7 @@ def run_lmeval(
     tasks = SHORT_TASKS if tasks is None else tasks
     for spec in specs:
         if (
-            sinkwindow.parse_spec(spec).is_linear
+            sinkwindow.parse_spec(spec).is_trained
             and _checkpoint_for(checkpoints, spec) is None
             and shipped_adapter(model_name, spec) is None
         ):

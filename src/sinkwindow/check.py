@@ -43,8 +43,6 @@ from transformers import PreTrainedModel
 
 from .cache import SinkWindowCache
 from .patch import (
-    active_native_sliding,
-    active_spec,
     apply,
     base_class,
     make_cache,
@@ -515,9 +513,6 @@ def check_model(
     rel = TOLERANCES.get(dtype, 1e-2)
     ids = _random_ids(model, length, seed, input_device(model))
 
-    prior = active_spec(model)
-    prior_native = active_native_sliding(model)
-    prior_impl = model.config._attn_implementation
     report = CheckReport(
         model=name or getattr(model, "name_or_path", "") or type(model).__name__,
         spec=str(spec),
@@ -530,8 +525,9 @@ def check_model(
     checks = report.checks
     sdpa_ok = _supports_sdpa(model)
     main_impl = "sdpa" if sdpa_ok else "eager"
-    try:
-        apply(model, "full")
+    # One block around the whole check: leaving it gives the model back whatever it ran before
+    # (spec, native-sliding policy and attention implementation), whatever the check switched to.
+    with apply(model, "full"):
         logger.info("check %s on %d tokens: full attention", spec, length)
         full = _forward(model, ids)
 
@@ -591,10 +587,6 @@ def check_model(
         checks.append(
             CheckResult("swa_differs_from_full", label, diff, margin, "pass" if ok else "fail", why)
         )
-    finally:
-        apply(model, "full")
-        if not prior.is_full:
-            apply(model, prior, native_sliding=prior_native, attn_implementation=prior_impl)
     report.seconds = time.perf_counter() - t0
     for c in checks:
         # Info, not warning: failures are the report's content, and the caller decides how to show them.

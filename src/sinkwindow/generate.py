@@ -270,12 +270,11 @@ def decode_speed(
         ``{"spec", "context", "tokens", "batch_size", "eager_ms_per_token", "compiled_ms_per_token",
         "speedup", "compile_s", "max_abs_logit_diff"}``; the last compares the two paths' final logits.
     """
-    previous = active_spec(model)
-    native = active_native_sliding(model)
-    if spec is not None:
-        apply(model, spec)
-    measured = active_spec(model)
-    try:
+    # A block: leaving it restores what the model ran before, whatever spec was measured.
+    with apply(
+        model, spec if spec is not None else active_spec(model), native_sliding=active_native_sliding(model)
+    ):
+        measured = active_spec(model)
         if not measured.is_windowed:
             raise ValueError(
                 "decode_speed times the sink-window static cache: pass a spec such as 'swa:256:4'"
@@ -307,8 +306,6 @@ def decode_speed(
                     logits[name] = steps[name](feed[:, i : i + 1])
                 _sync(device)
                 times[name].append((time.perf_counter() - t0) / max(hi - lo, 1) * 1e3)
-    finally:
-        apply(model, previous, native_sliding=native)
     eager_ms = statistics.median(times["eager"])
     compiled_ms = statistics.median(times["compiled"])
     return {

@@ -2,7 +2,7 @@
 
 A ``MethodRunner`` owns one (model, spec) pair for the length of a measurement:
 
-- ``activate()`` patches the model (``sinkwindow.apply``), ``deactivate()`` restores it;
+- ``activate()`` puts the model into the method (``use_method``), ``deactivate()`` back to full attention;
 - ``prefill(ids, chunk_size)`` is the real thing, as a user would run it (timed by the prefill
   benchmark): chunked through the bounded cache for SWA, one forward for full attention (what an
   unpatched model does);
@@ -27,7 +27,7 @@ from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from ..cache import FullAttentionLayer, SinkWindowLayer
 from ..memory import analytic_state_bytes
-from ..patch import apply, make_cache
+from ..patch import make_cache
 from ..prefill import input_device, prefill
 from ..spec import MethodSpec, parse_spec
 from ..switch import use_method
@@ -84,10 +84,12 @@ class MethodRunner:
         return self.model(token, cache=cache, use_cache=True).logits[:, -1]
 
     def activate(self) -> None:
-        apply(self.model, self.spec)
+        # use_method is the one way to switch (a trained baseline converts; an untrained one too, as
+        # a benchmark only times it); full attention reverts whatever ran before.
+        use_method(self.model, self.spec, allow_untrained=True)
 
     def deactivate(self) -> None:
-        apply(self.model, "full")
+        use_method(self.model, "full")
 
     def __enter__(self) -> MethodRunner:
         self.activate()
@@ -137,9 +139,6 @@ class FullRunner(MethodRunner):
 
     bounded = False
     seed_tokens = 64
-
-    def activate(self) -> None:
-        apply(self.model, "full")
 
     def prefill_chunk(self, n: int, chunk_size: int) -> int:
         # An unpatched model prefills in one forward (SDPA with is_causal, no n x n mask).
@@ -454,13 +453,6 @@ class LinearRunner(MethodRunner):
             raise MethodUnavailable(
                 f"{spec}: sinkwindow.linear has no model conversion in this install ({err})"
             ) from err
-
-    def activate(self) -> None:
-        use_method(self.model, self.spec, allow_untrained=True)
-
-    def deactivate(self) -> None:
-        if self._convert.is_converted(self.model):
-            self._convert.revert(self.model)
 
     def new_cache(self) -> Cache:
         return self._convert.get_retrofit(self.model).make_cache()

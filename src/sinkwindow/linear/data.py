@@ -23,7 +23,6 @@ isolated from one another within a chunk (docs/linear.md §5.2).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from .adapters import file_sha256
 
 __all__ = ["ALPACA_PROMPT", "ALPACA_PROMPT_INPUT", "PackedData", "encode_row", "load_training_data", "pack"]
 
@@ -118,14 +119,6 @@ def _read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _chunk_text(tokenizer, text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = tokenizer(text, add_special_tokens=False).input_ids
     return pack([(ids, ids)], seq_len)
@@ -176,7 +169,7 @@ def load_training_data(
                 f"training data {path} not found (give a .jsonl/.json/.txt file, or 'essays')"
             )
         # The file's name and digest, not its path: a path names one machine's disk.
-        info.update(source=path.name, sha256=_file_sha256(path))
+        info.update(source=path.name, sha256=file_sha256(path))
         if path.suffix == ".txt":
             x, y = _chunk_text(tokenizer, path.read_text(encoding="utf-8"), seq_len)
             n_val = min(val_chunks, max(1, len(x) // 10))

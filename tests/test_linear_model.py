@@ -174,8 +174,9 @@ def test_revert_restores_the_model_exactly():
 
 def test_convert_refuses_bad_states():
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match="sinkwindow.apply"):
-        convert(model, "swa:64:4")
+    for untrained in ("evict:64:4", "swa:64:4:cache", "swa:64:4+full:0"):  # (swa:64:4 converts: SWA + LoRA)
+        with pytest.raises(ValueError, match="sinkwindow.apply"):
+            convert(model, untrained)
     with sinkwindow.apply(model, "swa:16:4"), pytest.raises(ValueError, match="patched"):
         convert(model, "linear")
     convert(model, "linear")

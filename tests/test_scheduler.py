@@ -362,3 +362,11 @@ def test_a_killed_driver_takes_its_busy_workers_with_it(tmp_path):
             driver.kill()
         if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_more_workers_than_cells_says_so():
+    from sinkwindow.eval.scheduler import LocalScheduler
+
+    said = LocalScheduler(64, cores=2).describe(3)
+    assert "3 local worker process(es) (64 asked, no more than there are cells" in said
+    assert "(as asked" in LocalScheduler(2, cores=2).describe(5)

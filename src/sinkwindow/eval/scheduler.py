@@ -333,7 +333,12 @@ class LocalScheduler(Scheduler):
 
     def describe(self, n_cells: int) -> str:
         n, threads = self.sizes(n_cells)
-        how = "one per core" if self.workers == "auto" else "as asked"
+        if self.workers == "auto":
+            how = "one per core"
+        elif n < self.workers:
+            how = f"{self.workers} asked, no more than there are cells"
+        else:
+            how = "as asked"
         return (
             f"{n_cells} cell(s) on {n} local worker process(es) ({how}; {self.cores} core(s)), "
             f"{threads} torch thread(s) each"

@@ -160,3 +160,12 @@ def test_rows_from_uncommitted_source_are_refused_unless_allowed(tiny_folder, tm
     assert main([*argv, "--allow-dirty"]) == 0
     (row,) = ResultsStore(tmp_path / "run").rows()
     assert row["source_diff"] == "d" * 64
+
+
+def test_a_damaged_fingerprint_is_named_as_such(tmp_path):
+    from sinkwindow.eval.results import RunMismatchError
+
+    _store(tmp_path, {"seed": 0}, [_niah(0)])
+    (tmp_path / "fingerprint.json").write_text("{torn")
+    with pytest.raises(RunMismatchError, match="its fingerprint.json is damaged"):
+        ResultsStore(tmp_path, {"model": "m"}, settings={"seed": 0})

@@ -321,10 +321,12 @@ def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[st
     recorded = _read_fingerprint(run)
     fix = "pass --new-run to start over (the old files move to previous-<time>/), or choose another --out"
     if recorded is None:
-        raise RunMismatchError(
-            f"{run} holds {n} results but no record of the settings they were made with ({FINGERPRINT_FILE}); "
-            f"{fix}"
+        what = (
+            f"its {FINGERPRINT_FILE} is damaged (not the JSON record of the settings)"
+            if (run / FINGERPRINT_FILE).exists()
+            else f"no record of the settings they were made with ({FINGERPRINT_FILE})"
         )
+        raise RunMismatchError(f"{run} holds {n} results but {what}; {fix}")
     old = without_checkpoints(recorded["settings"], redo)
     cells = {
         (r["task"], r["method"])

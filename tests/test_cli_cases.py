@@ -125,3 +125,12 @@ def test_hybrid_units_and_missing_paths_are_refused_before_the_model_loads(
     rc = main(["generate", "--model", missing, "--prompt", "w2", "--max-new-tokens", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "no model folder or file at" in err and "offline" not in err
+
+
+def test_train_on_too_few_rows_says_what_the_rows_are_for(tmp_path, tiny_folder, capsys):
+    data = tmp_path / "one.jsonl"
+    data.write_text('{"instruction": "Say hi.", "output": "hi"}\n')
+    rc = main(["train", "--model", str(tiny_folder), "--method", "lolcats:8", "--data", str(data), "--tokens", "64",
+               "--no-progress", "--out", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "has 1 row(s), but its first 200 are held out for validation" in err

@@ -178,7 +178,10 @@ def load_training_data(
         else:
             rows = _read_rows(path)
             if len(rows) <= val_rows:
-                raise ValueError(f"{path} has {len(rows)} rows; need more than val_rows={val_rows}")
+                raise ValueError(
+                    f"{path} has {len(rows)} row(s), but its first {val_rows} are held out for validation "
+                    f"(LoLCATs' split): give a file with more than {val_rows} rows"
+                )
             val = [encode_row(tokenizer, r) for r in rows[:val_rows]]
             val_x, val_y = pack(val, seq_len)
             val_x, val_y = val_x[:val_chunks], val_y[:val_chunks]

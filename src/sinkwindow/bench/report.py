@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..jsonl import read_jsonl
 from ..spec import parse_spec
 from .peers import is_peer, method_name, peer_kind, peer_window
 
@@ -683,18 +684,8 @@ def write_folder_report(run_dir: str | Path) -> Path:
     """
     run = Path(run_dir)
     path = run / "bench.jsonl"
-    rows, unreadable = [], 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            unreadable += 1
+    rows, bad = read_jsonl(path)
+    unreadable = len(bad)
     good = []
     for n, r in enumerate(rows):
         try:

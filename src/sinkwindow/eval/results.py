@@ -34,6 +34,8 @@ from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..jsonl import MAX_LINE_WARNINGS, read_jsonl, read_jsonl_lines
+
 __all__ = [
     "ResultsStore",
     "RunLock",
@@ -70,8 +72,6 @@ RUN_FILES = (
     "ppl_by_position.png",
     "short",
 )
-# Past this many, unreadable lines are counted without a warning each.
-MAX_LINE_WARNINGS = 10
 
 
 class RunMismatchError(ValueError):
@@ -226,49 +226,6 @@ def row_problem(row: dict) -> str | None:
     if not (_number(score) and 0.0 <= score <= 100.0):
         return f"score {score!r} is not a number in [0, 100]"
     return None
-
-
-def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
-    """Objects of a JSONL file and the numbers (1-based) of the lines that are not one.
-
-    Blank lines are ignored; a line that does not parse, or parses to something other than an
-    object, is skipped with a warning naming the file and line.
-    """
-    path = Path(path)
-    rows: list[dict] = []
-    bad: list[int] = []
-    if not path.exists():
-        return rows, bad
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                rows.append(obj)
-                continue
-            bad.append(n)
-            if len(bad) <= MAX_LINE_WARNINGS:
-                logger.warning("%s:%d: skipping a line that is not a JSON object", path, n)
-    if len(bad) > MAX_LINE_WARNINGS:
-        logger.warning("%s: skipped %d unreadable lines in all", path, len(bad))
-    return rows, bad
-
-
-def _object_lines(path: Path, bad: list[int], n: int) -> list[int]:
-    """Line numbers (1-based) of the ``n`` objects ``read_jsonl`` returned, given its ``bad`` lines."""
-    if not path.exists():
-        return []
-    skip = set(bad)
-    out = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for k, line in enumerate(f, 1):
-            if line.strip() and k not in skip:
-                out.append(k)
-    return out[:n]
 
 
 def _refuse_foreign_files(run_dir: Path) -> None:
@@ -488,24 +445,24 @@ class ResultsStore:
         if writer and not new_run:
             _refuse_foreign_files(self.dir)
         merged = check_resume(self.dir, settings) if settings is not None else None
-        rows, bad = read_jsonl(self.path)
+        rows, lines, bad = read_jsonl_lines(self.path)
         self.skipped_lines = len(bad)
         if writer:
             self._repair_tail()
         recorded = _read_fingerprint(self.dir)
-        # Settings count only with rows: they are recorded when this run stores its first row (or
-        # at once when the folder already holds rows), so a run that fails or is stopped before
-        # finishing a sample leaves no record that would refuse the next, correct run.
+        # Settings count only with rows: they are recorded when this run stores its first row, so a
+        # run that fails or is stopped before finishing a sample leaves no record that would refuse
+        # the next, correct run.
         self._unrecorded = merged is not None and (recorded is None or recorded["settings"] != merged)
         self.settings = merged if merged is not None else (recorded["settings"] if recorded else None)
-        self._rows, self.rejected = self._admit(rows, bad)
+        self._rows, self.rejected = self._admit(rows, lines)
         self._fps: dict[tuple, set] = {}
         for r in self._rows:
             self._fps.setdefault(row_key(r), set()).add(r.get("fingerprint"))
         if config is not None:
             self.write_config(config)
 
-    def _admit(self, rows: list[dict], bad: list[int]) -> tuple[list[dict], list[tuple[int, str]]]:
+    def _admit(self, rows: list[dict], lines: list[int]) -> tuple[list[dict], list[tuple[int, str]]]:
         """The rows that count, and ``(line, reason)`` for each that does not.
 
         A row is left out (so its sample runs again, and no report uses it) when ``row_problem``
@@ -515,7 +472,6 @@ class ResultsStore:
         """
         from .fingerprint import lmeval_row_fingerprint, row_fingerprint
 
-        lines = _object_lines(self.path, bad, len(rows))
         kept, rejected, seen = [], [], {}
         expected: dict[tuple[str, str], str] = {}
         for line, r in zip(lines, rows):

@@ -19,6 +19,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from ..jsonl import read_jsonl
 from ..spec import MethodSpec, parse_spec
 
 __all__ = [
@@ -58,17 +59,7 @@ def _key(row: dict) -> tuple:
 
 def read_needles(run_dir: str | os.PathLike) -> dict[tuple, dict]:
     """``needles.jsonl`` of a run folder by sample key (empty when there is none)."""
-    path = Path(run_dir) / NEEDLES_FILE
-    out: dict[tuple, dict] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                out[_key(row)] = row
-    return out
+    return {_key(row): row for row in read_jsonl(Path(run_dir) / NEEDLES_FILE)[0]}
 
 
 def write_needles(run_dir: str | os.PathLike, rows: list[dict], tokenizer) -> int:
@@ -120,10 +111,10 @@ def window_split(rows: list[dict], needles: dict[tuple, dict] | None = None) -> 
     """``{task: {method: {length: cell}}}`` for S-NIAH rows whose needle position is known.
 
     A cell: ``window`` (w, s), ``inside`` and ``beyond`` as ``{"n", "found"}`` (found = score 100),
-    ``expected_share`` (the mean over samples of (s + w − s) / n_prompt, capped at 1: the share of
-    prompt positions the window covers) and, for ``full``, ``by`` (the method whose window splits it).
-    ``full`` is split by the window of the first SWA method with sinks among the rows, on its own
-    samples: what dense attention finds where that window would not have seen.
+    ``expected_share`` (the mean over samples of min(1, w / n_prompt): the share of prompt positions
+    the window covers) and, for ``full``, ``by`` (the method whose window splits it). ``full`` is split
+    by the window of the first untrained SWA method with sinks among the rows, on its own samples:
+    what dense attention finds where that window would not have seen.
     """
     from .runner import NIAH_TASKS
 
@@ -136,7 +127,9 @@ def window_split(rows: list[dict], needles: dict[tuple, dict] | None = None) -> 
                 specs[m] = parse_spec(m)
             except ValueError:
                 continue
-    swa = [m for m, sp in specs.items() if sp.kind == "swa" and sp.sinks and not sp.is_hybrid]
+    swa = [
+        m for m, sp in specs.items() if sp.kind == "swa" and sp.sinks and not sp.is_hybrid and not sp.adapter
+    ]
     reference = swa[0] if swa else None
     out: dict = {}
     for r in rows:

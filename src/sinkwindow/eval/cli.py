@@ -212,7 +212,7 @@ def _check_units(model: str, methods: list[str]) -> None:
     """Refuse hybrid units the model does not have before it loads, where its config is at hand."""
     from ..spec import parse_spec
 
-    hybrids = [parse_spec(m) for m in methods if "+full:" in m]
+    hybrids = [spec for spec in map(parse_spec, methods) if spec.is_hybrid]
     if not hybrids:
         return
     from ..memory import kv_geometry

@@ -16,9 +16,8 @@ number comes with its sample count and a 95% interval (``stats.py``):
 
 A difference between two methods is called larger than its noise only by an exact test: the
 paired sign-flip test over the samples both ran (McNemar's exact test for one cell of 0/1 scores,
-stratified by cell for BABILong's average of five tasks), with Holm's correction over the
-comparisons the report lists (head-to-head comparisons as one family, each method against full
-attention as another). Bootstrap intervals are shown for scale and never decide; one printed from
+stratified by cell for BABILong's average of five tasks), with Holm's correction over the cells
+the report lists for each compared pair (one family per pair). Bootstrap intervals are shown for scale and never decide; one printed from
 fewer than ``MIN_INTERVAL_PAIRS`` pairs at zero width reads "n too small".
 
 :func:`write_report` renders any run folder the CLI writes: long-context runs (``results.jsonl``
@@ -501,13 +500,16 @@ def _fmt_iv(d: dict | None, key: str = "mean", digits: int = 1, unit: str = "") 
         return "–"
     if d.get("flag") == ZERO_DENOMINATOR:
         return "∞ (÷0)" if not _isnan(d[key]) else "– (0 ÷ 0)"
+    return f"{_fmt(d[key], digits)}{unit}{_fmt_bounds(d, digits)}"
+
+
+def _fmt_bounds(d: dict, digits: int = 1) -> str:
+    """`` [40.9, 80.0]``; nothing without bounds, `` [n too small]`` for a zero-width interval of few pairs."""
     if _isnan(d["lo"]):
-        bounds = ""
-    elif _zero_width(d):
-        bounds = " [n too small]"
-    else:
-        bounds = f" [{_fmt(d['lo'], digits)}, {_fmt(d['hi'], digits)}]"
-    return f"{_fmt(d[key], digits)}{unit}{bounds}"
+        return ""
+    if _zero_width(d):
+        return " [n too small]"
+    return f" [{_fmt(d['lo'], digits)}, {_fmt(d['hi'], digits)}]"
 
 
 def _zero_width(d: dict) -> bool:
@@ -787,11 +789,8 @@ def _window_split_section(s: dict) -> list[str]:
                 )
                 beyond_total[m][0] += b["found"]
                 beyond_total[m][1] += b["n"]
-            label = (
-                f"{m} (split by {by_method[m][lengths[0]]['by']})"
-                if m == "full" and any(c.get("by") for c in by_method[m].values())
-                else m
-            )
+            by = next((c["by"] for c in by_method[m].values() if c.get("by")), None)
+            label = f"{m} (split by {by})" if by else m
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     if beyond_total:
@@ -833,7 +832,7 @@ def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
             verb = "beats" if d["estimate"] > 0 else "trails"
             said.append(
                 f"at {_len_label(d['length'])} {a} {verb} {b}: {_fmt(d['mean_a'])} vs {_fmt(d['mean_b'])}, "
-                f"difference {d['estimate']:+.1f}{_fmt_iv(d, key='estimate')[len(_fmt(d['estimate'])) :]}, "
+                f"difference {d['estimate']:+.1f}{_fmt_bounds(d)}, "
                 f"n={d['n']}, {_fmt_p(d)}"
             )
     few = [f"{_len_label(d['length'])} (n={d['n']})" for d in ds if d.get("too_few")]
@@ -1338,7 +1337,7 @@ def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     checkpoints = (config or {}).get("checkpoints") or {}
     seen = {(r.get("model"), r.get("method")) for r in rows}
-    for model, method in seen:
+    for model, method in sorted(seen, key=str):  # a set: sorted, so the same rows give the same summary
         try:
             spec = parse_spec(method)
         except (TypeError, ValueError):

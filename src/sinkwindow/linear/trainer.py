@@ -202,7 +202,7 @@ def _saved_val_key(st: dict, out: Path, data: PackedData, cfg: StageConfig) -> s
 @torch.no_grad()
 def _evaluate(model: PreTrainedModel, step_fn: StepFn, data: PackedData, cfg: StageConfig, device) -> float:
     model.eval()
-    n = min(cfg.val_batches, math.ceil(len(data.val_ids) / cfg.batch_size))
+    n = _val_rows(data, cfg.val_batches, cfg.batch_size) // cfg.batch_size
     losses = []
     for i in range(n):
         x, y = _batch(data.val_ids, data.val_labels, i, cfg.batch_size)

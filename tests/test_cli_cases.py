@@ -65,19 +65,17 @@ def test_generate_evict_equals_the_library_generate(tiny_folder, capsys):
 
 
 def test_a_ray_address_where_nothing_listens_fails_in_seconds(tiny_folder, tmp_path, capsys):
-    """``--ray 127.0.0.1:6390`` with nothing there used to hang for minutes ("Failed to connect to GCS")."""
+    """``--ray 127.0.0.1:6390`` with nothing there used to hang for minutes ("Failed to connect to GCS");
+    now a TCP probe refuses it in one line (a hang would stall this test rather than fail an assert)."""
     import socket
-    import time
 
     pytest.importorskip("ray")
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it now
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t0 = time.perf_counter()
     rc = main(["eval", "ppl", "--model", str(tiny_folder), "--methods", "full", "--lengths", "16", "--samples", "1",
                "--ray", f"127.0.0.1:{port}", "--no-progress", "--out", str(tmp_path / "run")])  # fmt: skip
     err = capsys.readouterr().err
-    assert time.perf_counter() - t0 < 30
     assert rc == 2 and f"nothing answers at Ray address 127.0.0.1:{port}" in err
 
 
@@ -134,3 +132,4 @@ def test_train_on_too_few_rows_says_what_the_rows_are_for(tmp_path, tiny_folder,
                "--no-progress", "--out", str(tmp_path / "run")])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 2 and "has 1 row(s), but its first 200 are held out for validation" in err
+

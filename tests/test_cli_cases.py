@@ -133,3 +133,18 @@ def test_train_on_too_few_rows_says_what_the_rows_are_for(tmp_path, tiny_folder,
     err = capsys.readouterr().err
     assert rc == 2 and "has 1 row(s), but its first 200 are held out for validation" in err
 
+
+def test_start_from_a_finished_run_is_refused_before_the_model_loads(tiny_folder, tmp_path, capsys):
+    import sinkwindow
+    from sinkwindow.linear import convert, save_checkpoint
+    from sinkwindow.linear.finetune import add_lora
+
+    model, _ = sinkwindow.load(str(tiny_folder))
+    convert(model, "lolcats:8")
+    add_lora(model)
+    finished = save_checkpoint(model, tmp_path / "finished.safetensors")
+    out = tmp_path / "run"
+    rc = main(["train", "--model", str(tiny_folder), "--method", "lolcats:8", "--start-from", str(finished),
+               "--tokens", "64", "--no-progress", "--out", str(out)])  # fmt: skip
+    assert rc == 2 and "holds LoRA adapters (a finished run)" in capsys.readouterr().err
+    assert not out.exists()

@@ -80,6 +80,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         finetune = 0
     if transfer + finetune == 0:
         raise ValueError("nothing to train: give --tokens, --transfer-tokens or --finetune-tokens above 0")
+    if args.start_from is not None:
+        from .checkpoint import read_metadata
+
+        # Before the model loads and the run folder exists: a finished run's file holds LoRA.
+        if read_metadata(args.start_from).get("lora"):
+            raise ValueError(
+                f"--start-from {args.start_from} holds LoRA adapters (a finished run): give a stage-1 checkpoint, "
+                f"a run's transfer/best.safetensors"
+            )
     out = args.out or f"runs/{args.model.replace('/', '_')}-{str(spec).replace(':', '')}"
     device = cli_args.resolve_device(args.device)  # the trainer follows the model's device
     model, tok = sinkwindow.load(args.model, dtype=torch.float32, device=device)

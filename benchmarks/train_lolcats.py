@@ -25,8 +25,8 @@ import torch
 import sinkwindow
 from sinkwindow.eval.results import ResultsStore
 from sinkwindow.eval.runner import EvalConfig, run_eval
-from sinkwindow.linear.cli import parse_tokens
-from sinkwindow.linear.trainer import train_baseline
+from sinkwindow.train.cli import parse_tokens
+from sinkwindow.train.trainer import train_baseline
 
 SHARED_ALPACA = (
     Path(__file__).resolve().parents[2] / "shared/data/alpaca/alpaca_cleaned_partial_20230323.jsonl"

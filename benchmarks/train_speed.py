@@ -31,9 +31,10 @@ import torch
 import sinkwindow
 from sinkwindow.linear import convert
 from sinkwindow.linear.convert import get_retrofit
-from sinkwindow.linear.finetune import add_lora, lm_step
+from sinkwindow.linear.lora import add_lora
 from sinkwindow.linear.ops import chunk_hybrid_attn, repeat_kv
-from sinkwindow.linear.transfer import (
+from sinkwindow.train.finetune import lm_step
+from sinkwindow.train.transfer import (
     MSE_FACTOR,
     _stacked_features,
     collect_records,

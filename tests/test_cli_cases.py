@@ -137,7 +137,7 @@ def test_train_on_too_few_rows_says_what_the_rows_are_for(tmp_path, tiny_folder,
 def test_start_from_a_finished_run_is_refused_before_the_model_loads(tiny_folder, tmp_path, capsys):
     import sinkwindow
     from sinkwindow.linear import convert, save_checkpoint
-    from sinkwindow.linear.finetune import add_lora
+    from sinkwindow.linear.lora import add_lora
 
     model, _ = sinkwindow.load(str(tiny_folder))
     convert(model, "lolcats:8")

@@ -233,7 +233,7 @@ def test_size_parser_refuses_what_is_not_a_whole_token_count(text):
 
 def test_every_subcommand_reads_sizes_the_same_way(tmp_path):
     from sinkwindow.bench.cli import parse_contexts
-    from sinkwindow.linear.cli import parse_tokens
+    from sinkwindow.train.cli import parse_tokens
 
     parser = build_parser()
     out = str(tmp_path / "r")
@@ -457,9 +457,9 @@ def test_eval_and_report_end_with_one_json_line(tiny_folder, tmp_path, capsys):
 
 def test_shared_constants_match_their_sources():
     from sinkwindow.eval import babilong, cli, niah
-    from sinkwindow.linear.cli import FEATURE_MAP_NAMES
     from sinkwindow.linear.feature_maps import FEATURE_MAPS
     from sinkwindow.models import DEFAULT_MODEL
+    from sinkwindow.train.cli import FEATURE_MAP_NAMES
 
     assert cli_args.DEFAULT_MODEL == DEFAULT_MODEL
     assert cli.NIAH_ANSWER_TOKENS == niah.TOKENS_TO_GENERATE

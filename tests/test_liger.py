@@ -533,7 +533,7 @@ def test_states_stay_float32_in_a_bfloat16_model() -> None:
 def test_checkpoint_round_trip(tmp_path) -> None:
     from safetensors.torch import load_file
 
-    from sinkwindow.linear.finetune import LIGER_LORA, add_lora
+    from sinkwindow.linear.lora import LIGER_LORA, add_lora
 
     model = convert(tiny_model("llama"), f"liger:{W}", mix=(0.25, 0.75))
     bare = save_checkpoint(model, tmp_path / "bare")

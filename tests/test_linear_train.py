@@ -13,12 +13,13 @@ import torch
 from conftest import tiny_model
 from sinkwindow.linear import convert, load_checkpoint, load_linear, read_metadata, revert, save_checkpoint
 from sinkwindow.linear.attention import softmax_attention, student_attention
-from sinkwindow.linear.cli import parse_tokens
 from sinkwindow.linear.convert import get_retrofit, set_mode
-from sinkwindow.linear.data import IGNORE, encode_row, load_training_data, pack
-from sinkwindow.linear.finetune import add_lora, lm_step, lora_parameters
-from sinkwindow.linear.trainer import StageConfig, run_stage, train_baseline
-from sinkwindow.linear.transfer import (
+from sinkwindow.linear.lora import add_lora, lora_parameters
+from sinkwindow.train.cli import parse_tokens
+from sinkwindow.train.data import IGNORE, encode_row, load_training_data, pack
+from sinkwindow.train.finetune import lm_step
+from sinkwindow.train.trainer import StageConfig, run_stage, train_baseline
+from sinkwindow.train.transfer import (
     collect_records,
     linear_share,
     prepare_transfer,
@@ -507,7 +508,7 @@ def test_cli_train_records_its_device_and_refuses_one_it_lacks(tmp_path, tiny_fo
 
 
 def test_recipes_by_spec():
-    from sinkwindow.linear.trainer import recipe_for
+    from sinkwindow.train.trainer import recipe_for
 
     lolcats, liger = recipe_for(f"lolcats:{W}"), recipe_for(f"liger:{W}")
     assert lolcats == recipe_for("linear")
@@ -522,7 +523,7 @@ def test_recipes_by_spec():
 
 
 def test_train_liger_one_lora_stage_resumes_then_loads(tmp_path, alpaca_file, monkeypatch):
-    import sinkwindow.linear.finetune as finetune
+    import sinkwindow.train.finetune as finetune
 
     # The feature-map options are what `sinkwindow train` always passes; they mean nothing for Liger.
     kwargs = dict(

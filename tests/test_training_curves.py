@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sinkwindow.linear.curves import plot_curves, read_log
+from sinkwindow.train.curves import plot_curves, read_log
 
 pytest.importorskip("matplotlib")
 

@@ -21,7 +21,7 @@ __all__ = ["main", "build_parser"]
 _PROVIDERS = (
     "sinkwindow.eval.cli",
     "sinkwindow.bench.cli",
-    "sinkwindow.linear.cli",
+    "sinkwindow.train.cli",
     "sinkwindow.tuning.cli",
 )
 

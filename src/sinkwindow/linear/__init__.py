@@ -1,4 +1,4 @@
-"""Linear-attention retrofits (Hedgehog, LoLCATs, Liger): kernels, conversion, constant-size cache, training.
+"""Linear-attention retrofits (Hedgehog, LoLCATs, Liger): kernels, conversion, constant-size cache, adapters.
 
     >>> from sinkwindow.linear import convert, revert, load_linear
     >>> convert(model, "lolcats:64")                 # in place; feature maps + γ per layer
@@ -9,8 +9,8 @@
 ``ops`` holds the fast forms (chunked for training and prefill, recurrent for decoding; Liger's
 gated linear attention among them) and ``naive`` their slow quadratic and token-by-token references; ``feature_maps`` the learned maps φ.
 ``attention``/``convert`` swap a model's attention through transformers' ``AttentionInterface``;
-``cache`` is the decode state; ``transfer`` (stage 1), ``finetune`` (stage 2, LoRA via peft),
-``trainer``, ``data`` and ``checkpoint`` train and store the baselines; ``cli`` adds ``train``.
+``cache`` is the decode state; ``lora`` the LoRA adapters (peft), ``checkpoint`` and ``adapters``
+store and ship the trained baselines. Training them is ``sinkwindow.train``'s job.
 """
 
 from .._lazy import lazy_package
@@ -24,6 +24,7 @@ __all__ = lazy_package(
         ".cache": ["LinearAttnCache", "LinearAttnLayer"],
         ".checkpoint": ["load_checkpoint", "load_linear", "read_metadata", "save_checkpoint"],
         ".convert": ["convert", "get_retrofit", "is_converted", "revert"],
+        ".lora": ["DEFAULT_LORA", "LIGER_LORA", "add_lora", "lora_parameters", "remove_lora"],
         ".feature_maps": [
             "ACTIVATIONS",
             "FEATURE_MAPS",

@@ -20,7 +20,7 @@ Two modes (``Retrofit.mode``):
 - ``"student"``: the retrofit, Hedgehog linear attention, the LoLCATs hybrid or Liger.
 - ``"transfer"``: stage 1 teacher forcing (docs/linear.md §3). The layer returns the *teacher's*
   softmax output, so every later layer sees the original model's hidden states, and records the
-  detached q, k, v and teacher output; ``transfer.py`` then computes all layers' student outputs
+  detached q, k, v and teacher output; ``sinkwindow.train.transfer`` then computes all layers' student outputs
   in one batched kernel call and the MSE against the teachers. Gradients never cross layers.
 
 Liger (``liger:W``) needs the *pre-RoPE* query and key for its feature maps and gate, but the
@@ -240,7 +240,7 @@ class Retrofit:
         mode: ``"student"`` or ``"transfer"``.
         records: ``TransferRecord``s of the current forward in ``"transfer"`` mode.
         impl: the attention implementation the model ran before conversion (restored by ``revert``).
-        lora: the LoRA settings once ``finetune.add_lora`` ran, else ``None``.
+        lora: the LoRA settings once ``lora.add_lora`` ran, else ``None``.
         num_layers: decoder layers (for the cache).
         ropes: Liger only: each layer's ``rope.LayerRope``, to un-rotate keys that a stock cache
             hands back from earlier forwards; ``None`` where the model's RoPE cannot be rebuilt

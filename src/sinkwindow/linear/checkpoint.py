@@ -199,7 +199,7 @@ def load_checkpoint(model: PreTrainedModel, path: str | os.PathLike, strict: boo
         convert(model, MethodSpec(kind, window=window, sinks=opts.pop("sinks", 0)), **opts)
     rf = get_retrofit(model)
     if meta.get("lora") and rf.lora is None:
-        from .finetune import add_lora  # noqa: PLC0415 - peft is optional
+        from .lora import add_lora  # noqa: PLC0415 - peft is optional
 
         lora = meta["lora"]
         add_lora(

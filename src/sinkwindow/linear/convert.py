@@ -14,7 +14,7 @@
 4. sets ``model._sinkwindow_cache_factory`` so ``sinkwindow.make_cache(model)`` returns a
    ``LinearAttnCache``.
 
-``revert(model)`` undoes all four (and removes LoRA adapters if ``finetune.add_lora`` injected
+``revert(model)`` undoes all four (and removes LoRA adapters if ``lora.add_lora`` injected
 them), leaving the original model bit for bit.
 """
 
@@ -170,7 +170,7 @@ def convert(
     """Convert ``model`` in place to a linear-attention baseline and return it.
 
     Base weights are untouched and keep their ``requires_grad``; the new parameters (feature maps,
-    window factors) require grad. Training freezes what it needs (``transfer``/``finetune``).
+    window factors) require grad. Training (``sinkwindow.train``) freezes what it needs.
     ``liger:W`` adds no parameters; its only trainable weights are the LoRA adapters the trainer
     adds later.
 
@@ -214,7 +214,7 @@ def convert(
         )
     if spec.kind == "swa":
         # SWA + LoRA: the model's own attention under SWA(w, s); the record only carries the LoRA
-        # settings (``finetune.add_lora``) and what ``revert`` must undo.
+        # settings (``lora.add_lora``) and what ``revert`` must undo.
         variant = LinearVariant("swa", window=spec.window, sinks=spec.sinks)
         apply(model, spec)
         rf = Retrofit(
@@ -299,7 +299,7 @@ def revert(model: PreTrainedModel) -> PreTrainedModel:
     """
     rf = get_retrofit(model)
     if rf.lora is not None:
-        from .finetune import remove_lora  # noqa: PLC0415 - peft is optional
+        from .lora import remove_lora  # noqa: PLC0415 - peft is optional
 
         remove_lora(model)
     if rf.variant.kind == "swa":

@@ -30,11 +30,11 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from .attention import Retrofit, TransferRecord
-from .convert import get_retrofit, set_mode
-from .feature_maps import ACTIVATIONS, HedgehogFeatureMap
-from .naive import naive_quadratic_hybrid_attn
-from .ops import (
+from ..linear.attention import Retrofit, TransferRecord
+from ..linear.convert import get_retrofit, set_mode
+from ..linear.feature_maps import ACTIVATIONS, HedgehogFeatureMap
+from ..linear.naive import naive_quadratic_hybrid_attn
+from ..linear.ops import (
     chunk_hybrid_attn,
     chunk_linear_attn,
     hybrid_attn_past_window,

@@ -43,11 +43,11 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
+from ..linear.attention import DEFAULT_WINDOW_FACTOR
+from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+from ..linear.lora import DEFAULT_LORA, LIGER_LORA
 from ..spec import parse_spec
-from .attention import DEFAULT_WINDOW_FACTOR
-from .checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from .data import PackedData, load_training_data
-from .finetune import DEFAULT_LORA, LIGER_LORA
 
 __all__ = ["Recipe", "StageConfig", "StageResult", "recipe_for", "run_stage", "train_baseline"]
 
@@ -523,8 +523,8 @@ def _start_from(model: PreTrainedModel, path: str | os.PathLike) -> dict:
     Raises:
         ValueError: the checkpoint holds LoRA (a finished run, not a stage-1 state) or another variant.
     """
-    from .adapters import file_sha256
-    from .checkpoint import resolve_checkpoint
+    from ..linear.adapters import file_sha256
+    from ..linear.checkpoint import resolve_checkpoint
 
     p = resolve_checkpoint(path)
     meta = read_metadata(p)
@@ -586,8 +586,9 @@ def train_baseline(
     Raises:
         ValueError: Liger with no ``finetune_tokens`` (it has nothing else to train).
     """
-    from .convert import convert, is_converted
-    from .finetune import add_lora, lm_step, lora_parameters
+    from ..linear.convert import convert, is_converted
+    from ..linear.lora import add_lora, lora_parameters
+    from .finetune import lm_step
     from .transfer import prepare_transfer, transfer_step
 
     recipe = recipe_for(spec)

@@ -1,4 +1,7 @@
-"""Stage 2, low-rank adjusting (docs/linear.md §4): LoRA on q/k/v/o through peft, next-token loss.
+"""LoRA adapters on a converted model's attention projections, through peft (docs/linear.md §4).
+
+Stage 2 of training adds them (``sinkwindow.train``); loading a trained baseline adds them again
+before its tensors go in (``checkpoint.load_linear``), and ``revert`` takes them out.
 
 Liger (``liger:W``) has only this stage, with its own settings (``LIGER_LORA``): r = 8 on q, k and v
 (``o_proj`` stays frozen), alpha 8, trained at lr 1e-3.
@@ -14,13 +17,12 @@ from __future__ import annotations
 
 import logging
 
-import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
 from .convert import get_retrofit
 
-__all__ = ["DEFAULT_LORA", "LIGER_LORA", "add_lora", "lm_step", "lora_parameters", "remove_lora"]
+__all__ = ["DEFAULT_LORA", "LIGER_LORA", "add_lora", "lora_parameters", "remove_lora"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,24 +102,3 @@ def remove_lora(model: PreTrainedModel) -> None:
     model.__dict__.pop("peft_config", None)
     rf = get_retrofit(model)
     rf.lora = None
-
-
-def lm_step(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
-    scale: float = 1.0,
-    backward: bool = True,
-) -> dict:
-    """One next-token micro-batch: loss on ``labels`` (−100 ignored), backward scaled by ``scale``.
-
-    Args:
-        input_ids, labels: (b, L).
-
-    Returns:
-        ``{"loss": float}``, the unscaled mean loss.
-    """
-    out = model(input_ids=input_ids, labels=labels, use_cache=False)
-    if backward:
-        (out.loss * scale).backward()
-    return {"loss": float(out.loss.detach())}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .adapters import file_sha256
+from ..linear.adapters import file_sha256
 
 __all__ = ["ALPACA_PROMPT", "ALPACA_PROMPT_INPUT", "PackedData", "encode_row", "load_training_data", "pack"]
 

@@ -81,7 +81,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if transfer + finetune == 0:
         raise ValueError("nothing to train: give --tokens, --transfer-tokens or --finetune-tokens above 0")
     if args.start_from is not None:
-        from .checkpoint import read_metadata
+        from ..linear.checkpoint import read_metadata
 
         # Before the model loads and the run folder exists: a finished run's file holds LoRA.
         if read_metadata(args.start_from).get("lora"):

@@ -15,7 +15,7 @@ PACKAGE = SRC / "sinkwindow"
 # The runtime and the retrofits' kernels: what a user's own code imports to run a method.
 CORE = {
     "spec", "masks", "cache", "static_cache", "hybrid", "flex", "patch", "prefill", "rope", "threads",
-    "memory", "switch", "registry", "attributes", "reference", "models", "generate", "jsonl", "_lazy",
+    "memory", "method", "registry", "attributes", "reference", "models", "generate", "jsonl", "_lazy",
     "linear",
 }  # fmt: skip
 # What sits above it: evaluation, benchmarks, tuning, training, and every command-line module.

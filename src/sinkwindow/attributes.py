@@ -1,6 +1,6 @@
 """Names of the attributes sinkwindow sets on a user's model, in one place.
 
-The runtime (``patch``), the linear baselines (``linear/``) and the method switch (``switch``) each
+The runtime (``patch``), the linear baselines (``linear/``) and the method switch (``method``) each
 leave a marker on the model object; every module reads them through these constants, so a rename
 cannot leave one reader behind. This module imports nothing, so any module may import it.
 """

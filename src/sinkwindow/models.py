@@ -319,7 +319,7 @@ def load(
     model = model.eval()  # a dispatched model stays where accelerate put it: .to() would undo that
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    from .switch import MODEL_NAME_ATTR, use_method
+    from .method import MODEL_NAME_ATTR, use_method
 
     setattr(model, MODEL_NAME_ATTR, name)
     if method is not None:

@@ -27,10 +27,10 @@ from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from ..cache import FullAttentionLayer, SinkWindowLayer
 from ..memory import analytic_state_bytes
+from ..method import use_method
 from ..patch import make_cache
 from ..prefill import input_device, prefill
 from ..spec import MethodSpec, parse_spec
-from ..switch import use_method
 from .peers import is_peer, parse_peer, peer_kind, peer_window
 
 __all__ = [

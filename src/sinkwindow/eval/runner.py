@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..linear.adapters import shipped_adapter
+from ..method import use_method
 from ..models import load, load_device_map
 from ..patch import make_cache
 from ..prefill import input_device, prefill
 from ..spec import parse_spec
-from ..switch import use_method
 from ..threads import apply_threads, rechoose_threads
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
 from .results import (

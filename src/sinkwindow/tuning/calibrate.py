@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 
 from ..memory import kv_geometry
+from ..method import use_method
 from ..patch import make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec, parse_spec
-from ..switch import use_method
 
 __all__ = [
     "CAL_SEED",

@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 
 from ..memory import analytic_state_bytes, kv_geometry
+from ..method import use_method
 from ..spec import MethodSpec, parse_spec
-from ..switch import use_method
 from .calibrate import (
     CAL_SEED,
     CRITERIA,

@@ -87,8 +87,8 @@ def resolve_dtype(dtype: Any):
 
 
 def switch_method(model, method: str, checkpoint: str | None = None):
-    """``model`` running ``method`` (``sinkwindow.switch.use_method``)."""
-    from sinkwindow.switch import use_method
+    """``model`` running ``method`` (``sinkwindow.method.use_method``)."""
+    from sinkwindow.method import use_method
 
     return use_method(model, method, checkpoint=checkpoint)
 

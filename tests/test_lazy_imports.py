@@ -39,7 +39,15 @@ def test_a_public_name_is_not_shadowed_by_the_submodule_of_the_same_name():
 
 
 @pytest.mark.parametrize(
-    "package", ["sinkwindow", "sinkwindow.linear", "sinkwindow.bench", "sinkwindow.tuning"]
+    "package",
+    [
+        "sinkwindow",
+        "sinkwindow.linear",
+        "sinkwindow.train",
+        "sinkwindow.runs",
+        "sinkwindow.bench",
+        "sinkwindow.tuning",
+    ],
 )
 def test_every_name_in_all_resolves_and_unknown_names_raise(package):
     import importlib

@@ -23,7 +23,7 @@ from sinkwindow.eval import lmeval  # noqa: E402
 from sinkwindow.eval.lmeval import cli as lm_cli  # noqa: E402
 from sinkwindow.eval.lmeval import constants, runner  # noqa: E402
 from sinkwindow.eval.lmeval.tasks import utils as local_utils  # noqa: E402
-from sinkwindow.eval.results import RunLock, RunLockedError, RunMismatchError  # noqa: E402
+from sinkwindow.runs.folder import RunLock, RunLockedError, RunMismatchError  # noqa: E402
 
 
 def mmlu_subjects() -> dict[str, str]:

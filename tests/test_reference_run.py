@@ -106,7 +106,7 @@ def test_config_versions_name_the_source_commit():
     import subprocess
     from pathlib import Path
 
-    from sinkwindow.eval.results import library_versions, source_commit
+    from sinkwindow.runs.provenance import library_versions, source_commit
 
     src = Path(__file__).resolve().parents[1] / "src" / "sinkwindow"
     head = subprocess.run(

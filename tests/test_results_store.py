@@ -26,8 +26,9 @@ import torch
 from sinkwindow.eval import fingerprint
 from sinkwindow.eval.fingerprint import model_identity, row_fingerprint, run_settings
 from sinkwindow.eval.report import write_report
-from sinkwindow.eval.results import ResultsStore, RunLock, RunLockedError, RunMismatchError, row_key
+from sinkwindow.eval.results import ResultsStore, row_key
 from sinkwindow.eval.runner import EvalConfig, plan_size, run_eval
+from sinkwindow.runs.folder import RunLock, RunLockedError, RunMismatchError
 
 pytest.importorskip("sinkwindow.eval.haystack")
 
@@ -468,7 +469,7 @@ def test_a_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplo
 RUN_SCRIPT = """
 import os, pathlib, sys, time
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from sinkwindow.eval.results import RunLockedError
+from sinkwindow.runs.folder import RunLockedError
 from sinkwindow.eval.runner import EvalConfig, run_eval
 m = AutoModelForCausalLM.from_pretrained({model!r}).eval()
 t = AutoTokenizer.from_pretrained({model!r})

@@ -127,7 +127,7 @@ def test_settings_of_a_run_that_stored_no_row_do_not_refuse_the_next(tmp_path):
     store = _store(tmp_path, {**base, "checkpoint[lolcats:256]": "sha256:9ae2"})
     assert store.settings["checkpoint[lolcats:256]"] == "sha256:9ae2"
     # A setting that the stored rows do depend on is still refused.
-    from sinkwindow.eval.results import RunMismatchError
+    from sinkwindow.runs.folder import RunMismatchError
 
     with pytest.raises(RunMismatchError, match="niah_max_new_tokens 16 → 8"):
         ResultsStore(tmp_path, {"model": "m"}, settings={**base, "niah_max_new_tokens": 8})
@@ -135,7 +135,7 @@ def test_settings_of_a_run_that_stored_no_row_do_not_refuse_the_next(tmp_path):
 
 def test_a_folder_with_a_report_but_no_run_is_not_overwritten(tmp_path):
     (tmp_path / "report.md").write_text("my notes")
-    from sinkwindow.eval.results import RunMismatchError
+    from sinkwindow.runs.folder import RunMismatchError
 
     with pytest.raises(RunMismatchError, match="holds report.md but no run"):
         ResultsStore(tmp_path, {"model": "m"}, settings={"seed": 0})
@@ -147,10 +147,10 @@ def test_a_folder_with_a_report_but_no_run_is_not_overwritten(tmp_path):
 def test_rows_from_uncommitted_source_are_refused_unless_allowed(tiny_folder, tmp_path, monkeypatch, capsys):
     """A run refuses to write rows from a dirty src/ tree; --allow-dirty stamps each row with the diff's sha256."""
     from sinkwindow.cli import main
-    from sinkwindow.eval import results
+    from sinkwindow.runs import provenance
 
     monkeypatch.setattr(
-        results, "source_state", lambda: {"commit": "abc", "dirty": True, "diff_sha256": "d" * 64}
+        provenance, "source_state", lambda: {"commit": "abc", "dirty": True, "diff_sha256": "d" * 64}
     )
     monkeypatch.delenv("SINKWINDOW_ALLOW_DIRTY", raising=False)
     argv = ["eval", "ppl", "--model", str(tiny_folder), "--methods", "full", "--lengths", "16", "--samples", "1",
@@ -163,7 +163,7 @@ def test_rows_from_uncommitted_source_are_refused_unless_allowed(tiny_folder, tm
 
 
 def test_a_damaged_fingerprint_is_named_as_such(tmp_path):
-    from sinkwindow.eval.results import RunMismatchError
+    from sinkwindow.runs.folder import RunMismatchError
 
     _store(tmp_path, {"seed": 0}, [_niah(0)])
     (tmp_path / "fingerprint.json").write_text("{torn")

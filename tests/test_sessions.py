@@ -9,7 +9,7 @@ import pytest
 
 from sinkwindow.eval.report import write_report
 from sinkwindow.eval.runner import EvalConfig, run_eval
-from sinkwindow.eval.sessions import machine_info, read_sessions, session_lines, session_summary
+from sinkwindow.runs.sessions import machine_info, read_sessions, session_lines, session_summary
 
 pytest.importorskip("sinkwindow.eval.haystack")
 

@@ -228,7 +228,7 @@ def _check_units(model: str, methods: list[str]) -> None:
 
 def _source_diff(args: argparse.Namespace) -> str | None:
     """Refuse uncommitted source before anything loads (a dry run writes nothing and is let through)."""
-    from .results import check_clean_source
+    from ..runs.provenance import check_clean_source
 
     return None if args.dry_run else check_clean_source(args.allow_dirty)
 

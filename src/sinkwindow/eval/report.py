@@ -1313,7 +1313,7 @@ def write_report(
         from .reference_run import reference_section
 
         extra += reference_section(reference_run, link_from=run)
-    from .sessions import session_lines
+    from ..runs.sessions import session_lines
 
     extra += session_lines(run, store.all_rows())
     s = summarize(rows, needles=read_needles(run), trained=_trained_lengths(rows, config))

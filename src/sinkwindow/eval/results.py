@@ -22,29 +22,28 @@ kill, or a damaged file) are skipped with a warning naming file and line, and co
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import math
 import os
-import platform
 import shutil
 from collections.abc import Collection, Iterable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from ..jsonl import MAX_LINE_WARNINGS, read_jsonl, read_jsonl_lines
+from ..runs.folder import (
+    RunMismatchError,
+    check_run_dir,
+    move_aside,
+    previous_dir,
+)
+from ..runs.provenance import library_versions, utc_now
 
 __all__ = [
     "ResultsStore",
-    "RunLock",
-    "RunLockedError",
-    "RunMismatchError",
     "check_redo",
     "check_resume",
     "read_jsonl",
-    "library_versions",
     "row_key",
     "KEY_FIELDS",
     "FINGERPRINT_FILE",
@@ -57,7 +56,6 @@ KEY_FIELDS = ("model", "task", "method", "length", "seed", "index")
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "config.json"
 FINGERPRINT_FILE = "fingerprint.json"
-LOCK_FILE = ".lock"
 # What a new run moves aside: the rows, what they were made with, and what was rendered from them.
 RUN_FILES = (
     RESULTS_FILE,
@@ -74,111 +72,8 @@ RUN_FILES = (
 )
 
 
-class RunMismatchError(ValueError):
-    """The folder holds results made with other settings; resuming would mix them."""
-
-
-class RunLockedError(ValueError):
-    """Another live run is writing the folder."""
-
-
 def row_key(row: dict) -> tuple:
     return tuple(row.get(k) for k in KEY_FIELDS)
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of what produced the numbers (recorded in config.json)."""
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for name in ("sinkwindow", "torch", "transformers", "tokenizers", "gguf", "lm-eval", "peft"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            continue
-    commit = source_commit()
-    if commit:
-        out["sinkwindow-commit"] = commit
-    return out
-
-
-def source_state() -> dict | None:
-    """The sinkwindow source tree a run computes with: ``{"commit", "dirty", "diff_sha256"}``, or
-    ``None`` for an installed copy that is not a git checkout.
-
-    ``dirty`` counts any change under the package (``src/sinkwindow``): edits to tracked files and
-    untracked files alike. ``diff_sha256`` digests those changes (``git diff HEAD`` plus each
-    untracked file's name and contents), so rows written from a dirty tree name the exact code.
-    """
-    import hashlib
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-
-    try:
-        head = git("rev-parse", "--short=12", "HEAD").strip()
-        status = git("status", "--porcelain", "--", ".").strip()
-        if not status:
-            return {"commit": head or None, "dirty": False, "diff_sha256": None}
-        h = hashlib.sha256(git("diff", "HEAD", "--", ".").encode())
-        for name in git("ls-files", "--others", "--exclude-standard", "--", ".").split():
-            path = root / name
-            h.update(name.encode())
-            if path.is_file():
-                h.update(path.read_bytes())
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": head or None, "dirty": True, "diff_sha256": h.hexdigest()}
-
-
-def source_commit() -> str | None:
-    """The git commit of the sinkwindow source tree (``+dirty`` with uncommitted changes under
-    ``src/sinkwindow``), or ``None`` for an installed copy. Recorded so a committed run names its code."""
-    state = source_state()
-    if state is None or state["commit"] is None:
-        return None
-    return f"{state['commit']}+dirty" if state["dirty"] else state["commit"]
-
-
-def check_clean_source(allow_dirty: bool) -> str | None:
-    """Refuse to write results from uncommitted code unless asked; return the diff's sha256 to record.
-
-    Rows must name the code that made them: from a tree with uncommitted changes under
-    ``src/sinkwindow`` a run refuses, unless ``allow_dirty`` (``--allow-dirty``, or the environment
-    variable ``SINKWINDOW_ALLOW_DIRTY=1``), and then every row records ``source_diff`` (the sha256
-    of those changes, :func:`source_state`).
-
-    Raises:
-        ValueError: a dirty tree and no permission.
-    """
-    state = source_state()
-    if state is None or not state["dirty"]:
-        return None
-    if not (allow_dirty or os.environ.get("SINKWINDOW_ALLOW_DIRTY") == "1"):
-        raise ValueError(
-            "the sinkwindow source (src/sinkwindow) has uncommitted changes, so its rows would not name the "
-            "code that made them: commit them, or pass --allow-dirty (each row then records the diff's sha256)"
-        )
-    return state["diff_sha256"]
-
-
-def utc_now(timespec: str = "seconds") -> str:
-    """Now, UTC, ISO 8601 (config.json to the second; rows and sessions to the microsecond, so a
-    row is never timed with the start of the session after it)."""
-    return datetime.now(UTC).isoformat(timespec=timespec)
-
-
-def check_run_dir(run_dir: str | os.PathLike) -> Path:
-    """``run_dir`` as a path, refusing one that exists and is not a folder."""
-    path = Path(run_dir)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{path} is a file, not a run folder: choose another --out")
-    return path
 
 
 def _number(x) -> bool:
@@ -321,78 +216,6 @@ def check_redo(redo: Collection[str], methods: Collection[str]) -> tuple[str, ..
     return out
 
 
-class RunLock:
-    """One writer per run folder: an exclusive ``flock`` on ``<run_dir>/.lock`` for the whole run.
-
-    The file holds the holder's pid and start time. The kernel drops the lock when its process
-    dies, so a file left by a dead run is taken over, with a warning naming it. Advisory only:
-    it keeps sinkwindow runs apart, not other programs.
-
-    Raises (on enter):
-        RunLockedError: another process holds the lock (its pid and start time in the message).
-    """
-
-    def __init__(self, run_dir: str | os.PathLike):
-        self.dir = check_run_dir(run_dir)
-        self.path = self.dir / LOCK_FILE
-        self._fd: int | None = None
-
-    def _holder(self, fd: int) -> dict:
-        os.lseek(fd, 0, os.SEEK_SET)
-        text = os.read(fd, 4096).decode(errors="replace")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def acquire(self) -> RunLock:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = self._holder(fd)
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise RunLockedError(
-                f"{self.dir} is being written by another run (pid {holder.get('pid', '?')}, started "
-                f"{holder.get('started', '?')}): wait for it to finish, or choose another --out"
-            ) from None
-        old = self._holder(fd)
-        if old.get("pid") is not None:
-            # Released locks leave an empty file: a pid here means its run ended without releasing.
-            logger.warning(
-                "%s: taking over the lock left by pid %s (started %s), which no longer holds it",
-                self.dir,
-                old.get("pid"),
-                old.get("started", "?"),
-            )
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps({"pid": os.getpid(), "started": utc_now(), "host": platform.node()}).encode())
-        os.fsync(fd)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        # The file stays (unlinking it would let a waiter lock an orphaned inode); emptied, it
-        # tells the next run that this one ended cleanly.
-        os.ftruncate(self._fd, 0)
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
 class ResultsStore:
     """Append-only JSONL results under ``run_dir``.
 
@@ -502,24 +325,8 @@ class ResultsStore:
             logger.warning("%s: left out %d rows in all", self.path, len(rejected))
         return kept, rejected
 
-    def _previous_dir(self) -> Path:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        target, k = self.dir / f"previous-{stamp}", 1
-        while target.exists():
-            k += 1
-            target = self.dir / f"previous-{stamp}-{k}"
-        target.mkdir()
-        return target
-
     def _move_aside(self) -> Path | None:
-        present = [self.dir / name for name in RUN_FILES if (self.dir / name).exists()]
-        if not present:
-            return None
-        target = self._previous_dir()
-        for p in present:
-            shutil.move(str(p), str(target / p.name))
-        logger.warning("new run in %s: the previous results are in %s", self.dir, target)
-        return target
+        return move_aside(self.dir, RUN_FILES)
 
     def _move_methods_aside(self, methods: Collection[str]) -> Path | None:
         """Move the rows of ``methods`` to ``previous-<time>/results.jsonl``; forget their checkpoints."""
@@ -537,7 +344,7 @@ class ResultsStore:
         forgotten = without_checkpoints(recorded["settings"], methods) if recorded is not None else None
         if not moved and (recorded is None or forgotten == recorded["settings"]):
             return None
-        target = self._previous_dir()
+        target = previous_dir(self.dir)
         for name in (CONFIG_FILE, FINGERPRINT_FILE):  # what the moved rows were made under
             if (self.dir / name).exists():
                 shutil.copy2(self.dir / name, target / name)

@@ -9,7 +9,7 @@ tokenizer and the seed, so every method, and every worker, sees the same prompts
 process writes the results: each finished cell's rows are appended to ``results.jsonl`` as the
 cell finishes. A re-run with the same settings skips what is already there; one with settings
 that change results (``eval/fingerprint.py``) is refused unless ``new_run=True``. The run holds the
-folder's lock (``results.RunLock``) from start to end, whichever scheduler runs the cells.
+folder's lock (``runs.RunLock``) from start to end, whichever scheduler runs the cells.
 
 Tasks:
     ``ppl``                             perplexity of essay windows at each length (chunked stream)
@@ -32,18 +32,13 @@ from ..method import use_method
 from ..models import load, load_device_map
 from ..patch import make_cache
 from ..prefill import input_device, prefill
+from ..runs.folder import RunLock, check_run_dir
+from ..runs.provenance import utc_now
+from ..runs.sessions import start_session
 from ..spec import parse_spec
 from ..threads import apply_threads, rechoose_threads
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
-from .results import (
-    ResultsStore,
-    RunLock,
-    check_redo,
-    check_resume,
-    check_run_dir,
-    row_key,
-    utc_now,
-)
+from .results import ResultsStore, check_redo, check_resume, row_key
 from .scheduler import (
     Cell,
     CellJob,
@@ -53,7 +48,6 @@ from .scheduler import (
     SerialScheduler,
     make_scheduler,
 )
-from .sessions import start_session
 
 __all__ = [
     "EvalConfig",
@@ -548,7 +542,7 @@ def run_eval(
     """Run (or resume) every (method, task, length, sample) of ``config`` into ``out_dir``.
 
     ``source_diff``: the sha256 of uncommitted source changes this run was allowed to compute with
-    (``results.check_clean_source``); every row it writes records it.
+    (``runs.check_clean_source``); every row it writes records it.
 
     Every row carries ``fingerprint``, the hash of the settings that can change it
     (``eval/fingerprint.py``); the folder records them in ``fingerprint.json``. A resume with the

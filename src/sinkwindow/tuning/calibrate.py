@@ -848,7 +848,7 @@ def provenance() -> dict:
     import shlex
     import sys
 
-    from ..eval.results import library_versions
+    from ..runs.provenance import library_versions
 
     return {"command": shlex.join(["sinkwindow", *sys.argv[1:]]), "versions": library_versions()}
 

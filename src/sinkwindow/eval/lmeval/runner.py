@@ -26,16 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...runs.folder import RunLock, check_run_dir
+from ...runs.provenance import utc_now
+from ...runs.sessions import start_session
 from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
-from ..results import (
-    ResultsStore,
-    RunLock,
-    check_redo,
-    check_resume,
-    check_run_dir,
-    row_key,
-    utc_now,
-)
+from ..results import ResultsStore, check_redo, check_resume, row_key
 from ..scheduler import (
     Cell,
     CellJob,
@@ -45,7 +40,6 @@ from ..scheduler import (
     SerialScheduler,
     make_scheduler,
 )
-from ..sessions import start_session
 from .constants import (
     CACHE_DIR,
     DEFAULT_MAX_BATCH_TOKENS,

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...runs.sessions import session_lines
 from ...spec import parse_spec
 from ..results import ResultsStore, read_jsonl, row_problem
-from ..sessions import session_lines
 from ..stats import (
     Interval,
     bootstrap_mean_interval,

@@ -18,7 +18,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from .results import source_commit, utc_now
+from .provenance import source_commit, utc_now
 
 __all__ = [
     "SESSIONS_FILE",

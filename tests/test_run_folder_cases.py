@@ -70,7 +70,8 @@ def test_a_duplicated_perplexity_row_counts_once(tmp_path):
 
 def test_rows_of_other_settings_are_left_out(tmp_path):
     """A row whose fingerprint is not the one the folder's settings give its (task, method)."""
-    from sinkwindow.eval.fingerprint import row_fingerprint, settings_fingerprint
+    from sinkwindow.eval.fingerprint import row_fingerprint
+    from sinkwindow.runs.folder import settings_fingerprint
 
     settings = {"model": "sha256:ab", "seed": 0, "niah_max_new_tokens": 16}
     (tmp_path / "fingerprint.json").write_text(

@@ -670,8 +670,9 @@ def add_no_resume(
     p.add_argument("--no-resume", *aliases, dest="no_resume", action="store_true", help=help)
 
 
-def add_new_run(p: argparse.ArgumentParser) -> None:
-    """``--new-run`` (start the folder over) or ``--redo SPECS`` (start those methods over)."""
+def add_new_run(p: argparse.ArgumentParser, other: Callable[[str], str | None] | None = None) -> None:
+    """``--new-run`` (start the folder over) or ``--redo SPECS`` (start those methods over);
+    ``other`` as in ``MethodsAction`` (names beside specs that ``--redo`` accepts)."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--new-run",
@@ -681,6 +682,7 @@ def add_new_run(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--redo",
         action=MethodsAction,
+        other=other,
         default=[],
         metavar="SPECS",
         help="run these methods again in --out (a retrained baseline): their rows move to previous-<time>/, "

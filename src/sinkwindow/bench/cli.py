@@ -4,6 +4,8 @@
     sinkwindow bench --model synthetic --methods full,swa:64:4,swa:512:4 --contexts 1K,8K,64K,256K --steps 32
     sinkwindow bench --model smollm2-135m --methods full,peer:static-full,swa:64:0,peer:mistral-sw:64 --contexts 2K,8K
     sinkwindow bench --report-only --out runs/bench     # rebuild bench.md / plots from bench.jsonl
+    sinkwindow bench --quick --out runs/bench           # again: resumes, measuring only missing cells
+    sinkwindow bench --quick --out runs/bench --new-run # start over (old files to previous-<time>/)
 
 Peers, other implementations timed in the same run, are named in --methods beside the specs:
 peer:static-full (full attention in transformers' preallocated StaticCache; decode step compiled on
@@ -166,7 +168,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--vocab", type=cli_args.integer(2, what="--vocab"), default=32000)
     o = p.add_argument_group("output")
-    cli_args.add_out(o, "runs/bench", help="output folder")
+    cli_args.add_out(
+        o, "runs/bench", help="output folder; a re-run with the same settings measures only the missing cells"
+    )
+    cli_args.add_new_run(o, other=_peer_name)
     cli_args.add_seed(o, 0)
     o.add_argument("--no-plots", action="store_true")
     o.add_argument(
@@ -253,7 +258,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         plots = not args.no_plots
     else:
         config = config_from_args(args)
-        rows = run_bench(config, on_row=_progress)
+        rows = run_bench(config, on_row=_progress, new_run=args.new_run, redo=args.redo)
         plots = config.plots
     result = write_report(rows, args.out, plots=plots)
     print()

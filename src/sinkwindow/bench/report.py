@@ -92,7 +92,8 @@ def load_rows(path: str | Path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "bench.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, _ = read_jsonl(path)  # a torn or damaged line is left out with a warning naming it
+    return rows
 
 
 def _ok(rows: Iterable[dict], kind: str, model: str | None = None, method: str | None = None) -> list[dict]:

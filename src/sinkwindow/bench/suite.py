@@ -27,7 +27,8 @@ memory budget, or a cell whose predicted time exceeds the time cap. Once a metho
 its longer contexts are skipped too. Bounded methods (SWA) never hit the memory cap: their cost
 must not depend on length, and the default grid runs them to 256K.
 
-Rows go to ``DIR/bench.jsonl`` as they are measured (a partial run keeps its rows); the
+Rows go to ``DIR/bench.jsonl`` as they are measured (a partial run keeps its rows, and a re-run
+with the same settings measures only the missing cells: ``bench.folder``); the
 configuration, environment, bandwidth and torch thread count go to ``DIR/meta.json``. With
 ``threads=None`` the count follows ``sinkwindow.threads.apply_threads`` (1 on a busy machine).
 """
@@ -41,16 +42,19 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..memory import kv_geometry
+from ..runs.folder import RunLock, check_run_dir
+from ..runs.sessions import start_session
 from ..spec import parse_spec
 from ..threads import apply_threads
 from .decode import measure_decode, measure_decode_interleaved, measure_paired
+from .folder import BENCH_FILE, bench_settings, cell_key, open_bench_folder
 from .memory import current_rss
 from .methods import FullRunner, MethodRunner, MethodUnavailable, runner_for
 from .peers import is_peer, method_name, peer_kind, peer_window
@@ -342,17 +346,41 @@ def _prefill_activation_bytes(model, n: int) -> float:
     return n * (3 * getattr(cfg, "intermediate_size", 4 * cfg.hidden_size) + 6 * cfg.hidden_size) * elem
 
 
-def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run the suite; return every row (also written to ``config.out``/bench.jsonl).
+def run_bench(
+    config: BenchConfig,
+    on_row: Callable[[dict], None] | None = None,
+    *,
+    new_run: bool = False,
+    redo: Collection[str] = (),
+) -> list[dict]:
+    """Run the suite into ``config.out``; return every row the folder holds afterwards.
+
+    A re-run with the same settings measures only the cells with no row yet (``bench.folder``);
+    other settings are refused unless ``new_run`` moves the old files aside. ``redo`` measures
+    those methods again (their old rows move to ``previous-<time>/``).
 
     Args:
         config: the grid and caps.
         on_row: called with each row as it is written (the CLI prints progress with it).
+
+    Raises:
+        RunMismatchError: the folder holds rows made with other settings.
+        RunLockedError: another run is writing the folder.
     """
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    threads = apply_threads(config.threads)
+    out = check_run_dir(config.out)
     device, dtype = config.torch_device(), config.torch_dtype()
+    with RunLock(out):
+        kept = open_bench_folder(
+            out, bench_settings(config.to_json(), str(device)), new_run=new_run, redo=redo
+        )
+        threads = apply_threads(config.threads)
+        start_session(out, device=str(device), threads=threads.to_json(), kept_rows=len(kept))
+        return _run_models(config, out, kept, threads, device, dtype, on_row)
+
+
+def _run_models(
+    config: BenchConfig, out: Path, kept: list[dict], threads, device, dtype, on_row
+) -> list[dict]:
     meta = {
         "config": config.to_json(),
         "env": environment(device),
@@ -361,10 +389,11 @@ def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None)
         "loadavg_start": os.getloadavg(),
         "bandwidth": {},
         "memory_budget_bytes": config.memory_budget_bytes(),
+        "kept_rows": len(kept),
     }
-    rows: list[dict] = []
-    jsonl = out / "bench.jsonl"
-    jsonl.write_text("")
+    rows: list[dict] = list(kept)
+    done = {cell_key(r) for r in kept}
+    jsonl = out / BENCH_FILE
 
     def emit(row: dict, model_name: str, extra: dict | None = None) -> None:
         row = {
@@ -378,14 +407,23 @@ def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None)
             "batch": 1,
             "loadavg_1m": round(os.getloadavg()[0], 2),
         }
+        if cell_key(row) in done:  # measured (or skipped) by an earlier session of this run
+            return
         validate_row(row)
         rows.append(row)
+        done.add(cell_key(row))
         with jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         if on_row is not None:
             on_row(row)
 
     for model_name in config.models:
+        todo = _Todo(model_name, done)
+        if not todo.any_left(config):
+            logger.info("%s: every cell is already in %s", model_name, jsonl)
+            continue
         try:
             model = load_bench_model(model_name, config)
         except (FileNotFoundError, ValueError, OSError, ImportError) as err:
@@ -395,7 +433,7 @@ def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None)
                 for n in config.contexts:
                     emit(_skipped("decode", spec, n, reason), model_name)
             continue
-        _run_model(model_name, model, config, meta, emit)
+        _run_model(model_name, model, config, meta, emit, todo)
         del model
         gc.collect()
 
@@ -405,7 +443,29 @@ def run_bench(config: BenchConfig, on_row: Callable[[dict], None] | None = None)
     return rows
 
 
-def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) -> None:
+class _Todo:
+    """Which cells of one model still need a measurement (those with no row in the folder)."""
+
+    def __init__(self, model_name: str, done: set[tuple]):
+        self.model, self.done = model_name, done
+
+    def __call__(self, kind: str, method: str, n: int, baseline: str | None = None) -> bool:
+        return (self.model, kind, method, n, baseline) not in self.done
+
+    def contexts(self, kind: str, method: str, contexts) -> list[int]:
+        return [n for n in contexts if self(kind, method, n)]
+
+    def any_left(self, config: BenchConfig) -> bool:
+        # Paired cells are decided once the model is loaded; a model whose decode and prefill
+        # cells are all done may still owe them, so it counts as done only if it owes none of either.
+        return any(
+            self.contexts("decode", m, config.contexts)
+            or self.contexts("prefill", m, config.prefill_contexts)
+            for m in config.methods
+        )
+
+
+def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit, todo: _Todo) -> None:
     device = config.torch_device()
     bandwidth = None
     if config.bandwidth_mib > 0:
@@ -450,21 +510,21 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
         if runner.bounded:
             # Every context at once, steps round-robin: drift in a shared machine's load hits all
             # contexts alike, so "flat in n" is tested on ratios taken at the same moments.
-            todo = []
-            for n in config.contexts:
+            pending = []
+            for n in todo.contexts("decode", runner.name, config.contexts):
                 reason = caps.check("decode", runner, n)
                 if reason is not None:
                     emit(_skipped("decode", spec, n, reason), model_name)
                 else:
-                    todo.append(n)
-            if todo:
+                    pending.append(n)
+            if pending:
                 with runner:
-                    rows = measure_decode_interleaved(runner, todo, **decode_kw)
+                    rows = measure_decode_interleaved(runner, pending, **decode_kw)
                 for row in rows:
                     emit_decode(row)
             gc.collect()
             continue
-        for n in config.contexts:
+        for n in todo.contexts("decode", runner.name, config.contexts):
             reason = caps.check("decode", runner, n)
             if reason is not None:
                 emit(_skipped("decode", spec, n, reason), model_name)
@@ -485,7 +545,9 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
             n for n in config.contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > runner.spec.window
         ]
         for n in sorted({short[0], short[-1]} if short else set()) + close:
-            if caps.check("decode", baseline, n) is not None:
+            if caps.check("decode", baseline, n) is not None or not todo(
+                "paired", runner.name, n, baseline.name
+            ):
                 continue
             row = measure_paired(runner, baseline, n, **decode_kw)
             emit(row, model_name)
@@ -498,7 +560,7 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
         beyond = [n for n in config.contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > w]
         if isinstance(ours, str) or ours is None or not beyond:
             continue
-        if caps.check("decode", ours, beyond[0]) is None:
+        if caps.check("decode", ours, beyond[0]) is None and todo("paired", ours.name, beyond[0], peer.name):
             emit(measure_paired(ours, peer, beyond[0], **decode_kw), model_name)
             gc.collect()
 
@@ -509,27 +571,31 @@ def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit) ->
             for n in config.prefill_contexts:
                 emit(_skipped("prefill", spec, n, runner), model_name)
             continue
+        if not todo.contexts("prefill", runner.name, config.prefill_contexts):
+            continue
         with runner:
             warm_up_prefill(runner, config.chunk_size)
             if runner.bounded and runner.spec.kind != "evict":
                 # Chunked prefills of every length side by side at the same pace (see
                 # measure_prefill_interleaved): time(2n)/time(n) then measures the method.
-                todo = []
-                for n in config.prefill_contexts:
+                pending = []
+                for n in todo.contexts("prefill", runner.name, config.prefill_contexts):
                     reason = caps.check("prefill", runner, n)
                     if reason is not None:
                         emit(_skipped("prefill", spec, n, reason), model_name)
                     else:
-                        todo.append(n)
+                        pending.append(n)
                 for row in (
-                    measure_prefill_interleaved(runner, todo, chunk_size=config.chunk_size, seed=config.seed)
-                    if todo
+                    measure_prefill_interleaved(
+                        runner, pending, chunk_size=config.chunk_size, seed=config.seed
+                    )
+                    if pending
                     else ()
                 ):
                     emit(row, model_name)
                 gc.collect()
                 continue
-            for n in config.prefill_contexts:
+            for n in todo.contexts("prefill", runner.name, config.prefill_contexts):
                 reason = caps.check("prefill", runner, n)
                 if reason is not None:
                     emit(_skipped("prefill", spec, n, reason), model_name)

@@ -52,6 +52,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..runs.folder import settings_fingerprint
+
 __all__ = [
     "TASK_SETTINGS",
     "run_settings",
@@ -107,12 +109,6 @@ def without_checkpoints(settings: dict, methods: Iterable[str]) -> dict:
     """``settings`` without the recorded checkpoints of ``methods`` (a retrained baseline's rows go)."""
     drop = {_checkpoint_key(m) for m in methods}
     return {k: v for k, v in settings.items() if k not in drop}
-
-
-def settings_fingerprint(settings: dict) -> str:
-    """12 hex digits of the sha256 of ``settings`` as canonical JSON."""
-    text = json.dumps(settings, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _applies(key: str, task: str, method: str) -> bool:

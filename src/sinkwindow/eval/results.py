@@ -32,10 +32,14 @@ from pathlib import Path
 
 from ..jsonl import MAX_LINE_WARNINGS, read_jsonl, read_jsonl_lines
 from ..runs.folder import (
+    FINGERPRINT_FILE,
     RunMismatchError,
     check_run_dir,
     move_aside,
     previous_dir,
+    read_settings,
+    repair_tail,
+    write_settings,
 )
 from ..runs.provenance import library_versions, utc_now
 
@@ -46,7 +50,6 @@ __all__ = [
     "read_jsonl",
     "row_key",
     "KEY_FIELDS",
-    "FINGERPRINT_FILE",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,7 +58,6 @@ logger = logging.getLogger(__name__)
 KEY_FIELDS = ("model", "task", "method", "length", "seed", "index")
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "config.json"
-FINGERPRINT_FILE = "fingerprint.json"
 # What a new run moves aside: the rows, what they were made with, and what was rendered from them.
 RUN_FILES = (
     RESULTS_FILE,
@@ -141,17 +143,6 @@ def _describe(value) -> str:
     return text[:23] + "…" if len(text) > 24 else text
 
 
-def _read_fingerprint(run_dir: Path) -> dict | None:
-    path = run_dir / FINGERPRINT_FILE
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("settings"), dict) else None
-
-
 def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[str] = ()) -> dict:
     """The settings to record after resuming ``run_dir`` with ``settings``; read-only.
 
@@ -170,7 +161,7 @@ def check_resume(run_dir: str | os.PathLike, settings: dict, redo: Collection[st
     n = len(rows)
     if not n:
         return dict(settings)
-    recorded = _read_fingerprint(run)
+    recorded = read_settings(run)
     fix = "pass --new-run to start over (the old files move to previous-<time>/), or choose another --out"
     if recorded is None:
         what = (
@@ -272,7 +263,7 @@ class ResultsStore:
         self.skipped_lines = len(bad)
         if writer:
             self._repair_tail()
-        recorded = _read_fingerprint(self.dir)
+        recorded = read_settings(self.dir)
         # Settings count only with rows: they are recorded when this run stores its first row, so a
         # run that fails or is stopped before finishing a sample leaves no record that would refuse
         # the next, correct run.
@@ -332,7 +323,7 @@ class ResultsStore:
         """Move the rows of ``methods`` to ``previous-<time>/results.jsonl``; forget their checkpoints."""
         from .fingerprint import without_checkpoints
 
-        recorded = _read_fingerprint(self.dir)
+        recorded = read_settings(self.dir)
         moved: list[str] = []
         kept: list[str] = []
         for line in self.path.read_text().splitlines(keepends=True) if self.path.exists() else []:
@@ -360,31 +351,10 @@ class ResultsStore:
         return target
 
     def _repair_tail(self) -> None:
-        """Cut a torn last line off (a kill mid-append), and end the file with a newline."""
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            return
-        with self.path.open("rb+") as f:
-            data = f.read()
-            if data.endswith(b"\n"):
-                return
-            start = data.rfind(b"\n") + 1
-            try:
-                whole = isinstance(json.loads(data[start:]), dict)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                whole = False
-            if whole:
-                f.write(b"\n")
-            else:
-                f.truncate(start)
-                logger.warning("%s: cut off a torn last line; that sample runs again", self.path)
+        repair_tail(self.path)
 
     def _write_settings(self, settings: dict) -> None:
-        from .fingerprint import settings_fingerprint
-
-        data = {"fingerprint": settings_fingerprint(settings), "settings": settings, "updated": utc_now()}
-        tmp = self.dir / (FINGERPRINT_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-        tmp.replace(self.dir / FINGERPRINT_FILE)
+        write_settings(self.dir, settings)
 
     def write_config(self, config: dict) -> None:
         previous = None

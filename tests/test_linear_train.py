@@ -762,3 +762,18 @@ def test_swa_lora_runs_as_its_own_method_beside_plain_swa(tmp_path, tiny_folder,
     assert set(rows) == {f"swa:{W}:2", f"swa:{W}:2@lora"}
     settings = json.loads((out / "fingerprint.json").read_text())["settings"]
     assert f"checkpoint[swa:{W}:2@lora]" in settings and f"checkpoint[swa:{W}:2]" not in settings
+
+
+def test_one_trainer_per_run_folder_and_each_session_is_logged(tmp_path, alpaca_file):
+    from sinkwindow.runs.folder import RunLock, RunLockedError
+
+    kwargs = dict(data=str(alpaca_file), finetune_tokens=2 * 32, seq_len=32, eval_every=1, val_batches=1,
+                  progress=False)  # fmt: skip
+    out = tmp_path / "run"
+    with RunLock(out), pytest.raises(RunLockedError, match="another run"):
+        train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, **kwargs)
+    assert not (out / "finetune").exists()  # refused before anything was written
+    train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, **kwargs)
+    train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, **kwargs)  # done: skips
+    sessions = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
+    assert len(sessions) == 2 and all(s["spec"] == f"liger:{W}" and "machine" in s for s in sessions)

@@ -46,6 +46,8 @@ from transformers import PreTrainedModel
 from ..linear.attention import DEFAULT_WINDOW_FACTOR
 from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from ..linear.lora import DEFAULT_LORA, LIGER_LORA
+from ..runs.folder import RunLock
+from ..runs.sessions import start_session
 from ..spec import parse_spec
 from .data import PackedData, load_training_data
 
@@ -607,89 +609,96 @@ def train_baseline(
     convert_options = _convert_options(spec, convert_options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-    packed = load_training_data(
-        tokenizer,
-        data,
-        seq_len=seq_len,
-        max_train_tokens=max(transfer_tokens, finetune_tokens),
-        val_chunks=val_batches,
-    )
-    config = {
-        "spec": str(spec),
-        "model": model_name,
-        "data": packed.info,
-        "transfer_tokens": transfer_tokens,
-        "finetune_tokens": finetune_tokens,
-        "seq_len": seq_len,
-        "grad_accum": grad_accum,
-        "lr_transfer": lr_transfer,
-        "lr_finetune": lr_finetune,
-        "lora": {"r": lora_r, "alpha": lora_alpha, "targets": lora_targets},
-        "stages": list(recipe.stages),
-        "convert_options": convert_options,
-        "threads": torch.get_num_threads(),
-        "device": next(model.parameters()).device.type,
-    }
-    if not is_converted(model):
-        convert(model, spec, **convert_options)
-    if start_from is not None:
-        config["start_from"] = _start_from(model, start_from)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    meta = {"data": packed.info, "model_name": model_name, "start_from": config.get("start_from")}
-
-    def remaining() -> float | None:
-        return None if max_minutes is None else max(0.0, max_minutes - (time.perf_counter() - t_start) / 60)
-
-    summary: dict = {"spec": str(spec), "model": model_name, "data": packed.info, "stages": {}}
-    finished, resume2 = True, resume
-    if two_stage:
-        params = prepare_transfer(model)
-        s1 = StageConfig(
-            "transfer", lr=lr_transfer, tokens=transfer_tokens, grad_accum=grad_accum, eval_every=eval_every,
-            save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
-        )  # fmt: skip
-
-        def step1(m, x, y, scale=1.0, backward=True):
-            return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
-
-        done1 = out / "transfer" / "done.json"
-        steps_before = json.loads(done1.read_text())["steps"] if resume and done1.exists() else None
-        r1 = run_stage(
-            model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress
+    # One writer per run folder: two trainers on one folder would interleave their saves.
+    with RunLock(out):
+        start_session(
+            out, device=next(model.parameters()).device.type, spec=str(spec), threads=torch.get_num_threads()
         )
-        summary["stages"]["transfer"] = asdict(r1)
-        finished = r1.finished
-        # Stage 2 was trained on top of the old stage-1 maps; after extending stage 1 it starts over.
-        resume2 = resume and (steps_before is None or steps_before == r1.steps)
-    if finished and finetune_tokens > 0:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        add_lora(model, r=lora_r, alpha=lora_alpha, targets=lora_targets)
-        s2 = StageConfig(
-            "finetune", lr=lr_finetune, tokens=finetune_tokens, grad_accum=grad_accum, eval_every=eval_every,
-            save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
-        )  # fmt: skip
-        r2 = run_stage(
-            model,
-            lora_parameters(model),
-            lm_step,
-            packed,
-            s2,
-            out / "finetune",
-            meta,
-            resume=resume2,
-            progress=progress,
+        t_start = time.perf_counter()
+        packed = load_training_data(
+            tokenizer,
+            data,
+            seq_len=seq_len,
+            max_train_tokens=max(transfer_tokens, finetune_tokens),
+            val_chunks=val_batches,
         )
-        summary["stages"]["finetune"] = asdict(r2)
-        finished = r2.finished
-    summary["finished"] = finished
-    summary["session_wall_s"] = round(time.perf_counter() - t_start, 1)
-    if finished:
-        tokens = {k: v["tokens"] for k, v in summary["stages"].items()}
-        ckpt = save_checkpoint(
-            model, out / "model.safetensors", **meta, budget=tokens, stages=summary["stages"]
-        )
-        summary["checkpoint"] = str(ckpt)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+        config = {
+            "spec": str(spec),
+            "model": model_name,
+            "data": packed.info,
+            "transfer_tokens": transfer_tokens,
+            "finetune_tokens": finetune_tokens,
+            "seq_len": seq_len,
+            "grad_accum": grad_accum,
+            "lr_transfer": lr_transfer,
+            "lr_finetune": lr_finetune,
+            "lora": {"r": lora_r, "alpha": lora_alpha, "targets": lora_targets},
+            "stages": list(recipe.stages),
+            "convert_options": convert_options,
+            "threads": torch.get_num_threads(),
+            "device": next(model.parameters()).device.type,
+        }
+        if not is_converted(model):
+            convert(model, spec, **convert_options)
+        if start_from is not None:
+            config["start_from"] = _start_from(model, start_from)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        meta = {"data": packed.info, "model_name": model_name, "start_from": config.get("start_from")}
+
+        def remaining() -> float | None:
+            return (
+                None if max_minutes is None else max(0.0, max_minutes - (time.perf_counter() - t_start) / 60)
+            )
+
+        summary: dict = {"spec": str(spec), "model": model_name, "data": packed.info, "stages": {}}
+        finished, resume2 = True, resume
+        if two_stage:
+            params = prepare_transfer(model)
+            s1 = StageConfig(
+                "transfer", lr=lr_transfer, tokens=transfer_tokens, grad_accum=grad_accum, eval_every=eval_every,
+                save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
+            )  # fmt: skip
+
+            def step1(m, x, y, scale=1.0, backward=True):
+                return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
+
+            done1 = out / "transfer" / "done.json"
+            steps_before = json.loads(done1.read_text())["steps"] if resume and done1.exists() else None
+            r1 = run_stage(
+                model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress
+            )
+            summary["stages"]["transfer"] = asdict(r1)
+            finished = r1.finished
+            # Stage 2 was trained on top of the old stage-1 maps; after extending stage 1 it starts over.
+            resume2 = resume and (steps_before is None or steps_before == r1.steps)
+        if finished and finetune_tokens > 0:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            add_lora(model, r=lora_r, alpha=lora_alpha, targets=lora_targets)
+            s2 = StageConfig(
+                "finetune", lr=lr_finetune, tokens=finetune_tokens, grad_accum=grad_accum, eval_every=eval_every,
+                save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
+            )  # fmt: skip
+            r2 = run_stage(
+                model,
+                lora_parameters(model),
+                lm_step,
+                packed,
+                s2,
+                out / "finetune",
+                meta,
+                resume=resume2,
+                progress=progress,
+            )
+            summary["stages"]["finetune"] = asdict(r2)
+            finished = r2.finished
+        summary["finished"] = finished
+        summary["session_wall_s"] = round(time.perf_counter() - t_start, 1)
+        if finished:
+            tokens = {k: v["tokens"] for k, v in summary["stages"].items()}
+            ckpt = save_checkpoint(
+                model, out / "model.safetensors", **meta, budget=tokens, stages=summary["stages"]
+            )
+            summary["checkpoint"] = str(ckpt)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary

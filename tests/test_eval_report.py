@@ -7,14 +7,11 @@ import math
 
 import pytest
 
-from sinkwindow.eval.report import (
-    _accuracy_figure,
-    _accuracy_series,
-    markdown_report,
-    summarize,
-    write_report,
-)
+from sinkwindow.eval.plots import accuracy_figure, accuracy_series
+from sinkwindow.eval.report import write_report
 from sinkwindow.eval.results import ResultsStore
+from sinkwindow.eval.summary import summarize
+from sinkwindow.eval.tables import markdown_report
 
 pytest.importorskip("sinkwindow.eval.haystack")
 
@@ -241,11 +238,11 @@ def test_accuracy_plot_has_error_bars_and_a_legend_on_every_panel(rows):
         + niah("swa:256:4", 1024, [1, 1], "niah_single_1")
     )
     s = summarize(r)
-    series = _accuracy_series(s, "niah_single_3")
+    series = accuracy_series(s, "niah_single_3")
     assert series["swa:256:4"]["lo"] == [pytest.approx(23.659, abs=1e-3), pytest.approx(72.246, abs=1e-3)]
     assert series["lolcats:256"]["hi"][1] == pytest.approx(27.754, abs=1e-3)
     fams = ["niah_single_1", "niah_single_3"]
-    fig = _accuracy_figure(s, fams)
+    fig = accuracy_figure(s, fams)
     try:
         assert len(fig.axes) == len(fams)
         for ax, fam in zip(fig.axes, fams):

@@ -8,9 +8,10 @@ import textwrap
 
 import pytest
 
-from sinkwindow.eval.report import summarize, write_report
+from sinkwindow.eval.report import write_report
 from sinkwindow.eval.results import ResultsStore
 from sinkwindow.eval.runner import EvalConfig, plan_size, run_eval
+from sinkwindow.eval.summary import summarize
 
 pytest.importorskip("sinkwindow.eval.haystack")
 

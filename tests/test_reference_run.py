@@ -10,7 +10,9 @@ import pytest
 
 from sinkwindow.eval.cli import _reference_dir
 from sinkwindow.eval.reference_run import find_reference_run, reference_section
-from sinkwindow.eval.report import headline_sections, summarize, write_report
+from sinkwindow.eval.report import write_report
+from sinkwindow.eval.summary import summarize
+from sinkwindow.eval.tables import headline_sections
 
 pytest.importorskip("sinkwindow.eval.haystack")
 

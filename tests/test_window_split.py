@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sinkwindow.eval.report import markdown_report, summarize
+from sinkwindow.eval.summary import summarize
+from sinkwindow.eval.tables import markdown_report
 from sinkwindow.eval.window_split import method_window, needle_in_window, window_split
 from sinkwindow.spec import parse_spec
 

@@ -3,7 +3,7 @@
 A quick ``compare`` has a few samples per cell; the project commits one long run per packaged model
 (``benchmarks/results/<date>-<name>-long/``, e.g. ``2026-12-02-smollm2-long``: ``sinkwindow compare --full`` with >= 30 samples per
 cell). A quick report on the same model links that folder and shows its headline tables, computed
-at report time from the folder's ``results.jsonl`` by the same :func:`~.report.summarize` as any
+at report time from the folder's ``results.jsonl`` by the same :func:`~.summary.summarize` as any
 report, and labelled with the folder's date, its sample counts and the commit(s) that produced it,
 so no number in it is typed by hand or goes stale when the run is extended.
 
@@ -19,8 +19,10 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from .report import headline_sections, long_context_rows, summarize
+from .report import long_context_rows
 from .results import CONFIG_FILE, ResultsStore
+from .summary import summarize
+from .tables import headline_sections
 
 __all__ = ["find_reference_run", "reference_section", "REFERENCE_SUFFIX"]
 

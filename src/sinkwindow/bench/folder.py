@@ -25,6 +25,8 @@ from ..runs.folder import (
     previous_dir,
     read_settings,
     repair_tail,
+    replace_lines,
+    split_method_rows,
     write_settings,
 )
 from ..runs.sessions import SESSIONS_FILE, machine_info
@@ -69,26 +71,15 @@ def _differences(old: dict, new: dict) -> str:
     return "; ".join(f"{k}: {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in keys)
 
 
-def _move_methods_aside(path: Path, methods: Collection[str]) -> int:
-    """Move the rows of ``methods`` from ``path`` into ``previous-<time>/bench.jsonl``; return how many."""
-    if not path.exists():
-        return 0
-    moved, kept = [], []
-    for line in path.read_text().splitlines(keepends=True):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None  # a damaged line stays where read_jsonl reports it
-        (moved if isinstance(row, dict) and row.get("method") in methods else kept).append(line)
+def _move_methods_aside(path: Path, methods: Collection[str]) -> None:
+    """Move the rows of ``methods`` from ``path`` into ``previous-<time>/bench.jsonl``."""
+    moved, kept = split_method_rows(path, methods)
     if not moved:
-        return 0
+        return
     target = previous_dir(path.parent)
     (target / path.name).write_text("".join(moved))
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    replace_lines(path, kept)
     logger.warning("redo %s: %d rows moved to %s", ", ".join(sorted(methods)), len(moved), target)
-    return len(moved)
 
 
 def open_bench_folder(

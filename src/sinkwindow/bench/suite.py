@@ -421,9 +421,6 @@ def _run_models(
 
     for model_name in config.models:
         todo = _Todo(model_name, done)
-        if not todo.any_left(config):
-            logger.info("%s: every cell is already in %s", model_name, jsonl)
-            continue
         try:
             model = load_bench_model(model_name, config)
         except (FileNotFoundError, ValueError, OSError, ImportError) as err:
@@ -454,15 +451,6 @@ class _Todo:
 
     def contexts(self, kind: str, method: str, contexts) -> list[int]:
         return [n for n in contexts if self(kind, method, n)]
-
-    def any_left(self, config: BenchConfig) -> bool:
-        # Paired cells are decided once the model is loaded; a model whose decode and prefill
-        # cells are all done may still owe them, so it counts as done only if it owes none of either.
-        return any(
-            self.contexts("decode", m, config.contexts)
-            or self.contexts("prefill", m, config.prefill_contexts)
-            for m in config.methods
-        )
 
 
 def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit, todo: _Todo) -> None:

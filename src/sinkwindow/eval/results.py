@@ -39,6 +39,8 @@ from ..runs.folder import (
     previous_dir,
     read_settings,
     repair_tail,
+    replace_lines,
+    split_method_rows,
     write_settings,
 )
 from ..runs.provenance import library_versions, utc_now
@@ -262,7 +264,7 @@ class ResultsStore:
         rows, lines, bad = read_jsonl_lines(self.path)
         self.skipped_lines = len(bad)
         if writer:
-            self._repair_tail()
+            repair_tail(self.path)
         recorded = read_settings(self.dir)
         # Settings count only with rows: they are recorded when this run stores its first row, so a
         # run that fails or is stopped before finishing a sample leaves no record that would refuse
@@ -324,14 +326,7 @@ class ResultsStore:
         from .fingerprint import without_checkpoints
 
         recorded = read_settings(self.dir)
-        moved: list[str] = []
-        kept: list[str] = []
-        for line in self.path.read_text().splitlines(keepends=True) if self.path.exists() else []:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None  # a torn or damaged line stays where read_jsonl reports it
-            (moved if isinstance(row, dict) and row.get("method") in methods else kept).append(line)
+        moved, kept = split_method_rows(self.path, methods)
         forgotten = without_checkpoints(recorded["settings"], methods) if recorded is not None else None
         if not moved and (recorded is None or forgotten == recorded["settings"]):
             return None
@@ -340,21 +335,13 @@ class ResultsStore:
             if (self.dir / name).exists():
                 shutil.copy2(self.dir / name, target / name)
         (target / RESULTS_FILE).write_text("".join(moved))
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(kept))
-        tmp.replace(self.path)
+        replace_lines(self.path, kept)
         if forgotten is not None:
-            self._write_settings(forgotten)
+            write_settings(self.dir, forgotten)
         logger.warning(
             "redo %s in %s: its %d previous rows are in %s", ", ".join(methods), self.dir, len(moved), target
         )
         return target
-
-    def _repair_tail(self) -> None:
-        repair_tail(self.path)
-
-    def _write_settings(self, settings: dict) -> None:
-        write_settings(self.dir, settings)
 
     def write_config(self, config: dict) -> None:
         previous = None
@@ -389,7 +376,7 @@ class ResultsStore:
         """Write one finished sample and make it durable before returning."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if self._unrecorded:
-            self._write_settings(self.settings)
+            write_settings(self.dir, self.settings)
             self._unrecorded = False
         with self.path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True, default=str) + "\n")

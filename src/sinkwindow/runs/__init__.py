@@ -1,0 +1,16 @@
+"""The run-folder contract every writer of results follows (eval, lm-eval, bench, training).
+
+A run folder is resumable and never mixes settings:
+
+- one writer at a time (:class:`~.folder.RunLock`, an advisory ``flock`` on ``.lock``);
+- ``fingerprint.json`` records the settings its rows depend on; a re-run with other settings is
+  refused with :class:`~.folder.RunMismatchError` naming what differs;
+- nothing is deleted: ``--new-run`` moves the old files to ``previous-<UTC time>/`` and
+  ``--redo METHODS`` moves only those methods' rows there;
+- a torn last line (a kill mid-append) is cut off, so the next append starts on a fresh line;
+- every row names the code and libraries that made it (:mod:`.provenance`), and every invocation
+  appends a line to ``sessions.jsonl`` (:mod:`.sessions`).
+
+What a row *is* belongs to its writer (``eval/results.py``, ``bench/folder.py``, ``train/``);
+this package knows files, not tasks or methods, and imports nothing of sinkwindow above it.
+"""

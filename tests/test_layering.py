@@ -127,3 +127,24 @@ def test_no_module_imports_a_private_name_of_another():
 def test_every_core_layer_exists(layer):
     # A renamed core module would silently drop out of the check above.
     assert _is_module(f"sinkwindow.{layer}"), f"sinkwindow.{layer} is gone: update CORE"
+
+
+def test_no_source_file_is_ignored_by_git():
+    # A .gitignore pattern that matches a source folder (once `runs/`, meant for output folders,
+    # hid sinkwindow/runs/) keeps it out of every commit: this checkout works, a clone does not.
+    import shutil
+    import subprocess
+
+    root = SRC.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [
+        str(p.relative_to(root)) for d in ("src", "tests", "benchmarks") for p in (root / d).rglob("*.py")
+    ]
+    files = [f for f in files if "__pycache__" not in f]
+    assert len(files) > 100  # the walk found the sources
+    ignored = subprocess.run(
+        ["git", "-C", str(root), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(files), capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    assert ignored == []

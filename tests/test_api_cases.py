@@ -101,3 +101,24 @@ def test_assisted_decoding_is_refused_up_front_and_plain_generate_still_works():
     with sinkwindow.apply(model, "full"):  # unpatched, transformers' own assisted decoding runs
         again = model.generate(ids, max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=3)
     assert again.shape[1] == 24
+
+
+def test_a_hub_id_without_a_network_fails_at_once_with_the_fix(monkeypatch):
+    # The hub client would retry for about a minute; a failed 3 s connect decides before it starts.
+    import socket
+
+    import transformers
+
+    import sinkwindow
+    from sinkwindow import models
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+    calls = []
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: calls.append(a) or 1 / 0
+    )
+    assert models.hub_reachable() is False
+    with pytest.raises(FileNotFoundError, match="cannot be reached and it is not in the local hub cache"):
+        sinkwindow.load("someone/no-such-model-xyz")
+    assert calls == []

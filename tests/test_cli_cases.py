@@ -148,3 +148,41 @@ def test_start_from_a_finished_run_is_refused_before_the_model_loads(tiny_folder
                "--tokens", "64", "--no-progress", "--out", str(out)])  # fmt: skip
     assert rc == 2 and "holds LoRA adapters (a finished run)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_negative_byte_size_is_refused_by_its_own_check(capsys):
+    # argparse alone reads "-5MiB" as an option and says "expected one argument".
+    rc = main(["tune", "--kv-budget", "-5MiB", "--context", "4k", "--task", "niah", "--out", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot be negative" in err and "expected one argument" not in err
+
+
+def test_checkpoint_messages_name_the_methods_asked(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = [
+        "compare",
+        "--methods",
+        "full,liger:256",
+        "--checkpoint",
+        f"liger:256={empty}",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    assert f"sinkwindow train --method liger:256 --data DATA --out {empty}" in capsys.readouterr().err
+    ckpt = tmp_path / "a.safetensors"
+    ckpt.write_bytes(b"")
+    argv = [
+        "compare",
+        "--methods",
+        "lolcats:256,liger:256",
+        "--checkpoint",
+        str(ckpt),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "several (lolcats:256, liger:256)" in err and f"--checkpoint lolcats:256={ckpt}" in err
+    assert "lolcats:64" not in err

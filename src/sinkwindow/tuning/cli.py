@@ -36,13 +36,6 @@ def swa_method(text: str) -> str:
     return str(spec)
 
 
-def kv_budget(text: str) -> int:
-    value = cli_args.byte_size(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r} (e.g. 24MiB)")
-    return value
-
-
 def sinks_list(text: str) -> list[int]:
     parts = [p.strip() for p in str(text).split(",")]
     if not all(parts):
@@ -234,7 +227,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "best's plain swa:W:S on held-out samples of another seed, with 95% intervals.",
     )
     cli_args.add_model(p)
-    p.add_argument("--kv-budget", type=kv_budget, required=True, metavar="BYTES",
+    p.add_argument("--kv-budget", type=cli_args.kv_budget, required=True, metavar="BYTES",
                    help="KV-cache budget at --context: 24MiB, 512KiB, 1.5GiB (1024-based), 24MB (1000-based) or bytes")  # fmt: skip
     p.add_argument("--context", type=cli_args.size(1, what="--context"), default="4k",
                    help=f"context the budget holds, tokens; {cli_args.SIZE_HELP} (default: %(default)s)")  # fmt: skip

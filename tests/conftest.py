@@ -118,7 +118,7 @@ def tiny_config(family: str):
 FAMILIES = [
     "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "gemma2", "gemma3", "phi", "olmo", "olmo2",
     "granite", "gpt_neox", "smollm3", "cohere", "cohere2", "mixtral", "qwen3_moe", "starcoder2", "glm", "helium",
-    "gpt2",
+    "gpt2", "stablelm",
 ]  # fmt: skip
 CORE_FAMILIES = FAMILIES if os.environ.get("SINKWINDOW_FULL_MATRIX") else FAMILIES[:6]
 # Families transformers gives no SDPA path (``_supports_sdpa=False``; Gemma 2 softcaps its attention logits).
@@ -199,6 +199,11 @@ def one_thread():
 @pytest.fixture
 def tiny_folder(tmp_path):
     """A tiny Llama saved as a local model folder, with a word-level tokenizer, for ``sinkwindow.load``."""
+    return make_tiny_folder(tmp_path)
+
+
+def make_tiny_folder(tmp_path):
+    """The body of ``tiny_folder``, for fixtures of a wider scope."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

@@ -15,11 +15,11 @@ PACKAGE = SRC / "sinkwindow"
 # The runtime and the retrofits' kernels: what a user's own code imports to run a method.
 CORE = {
     "spec", "masks", "cache", "static_cache", "hybrid", "flex", "patch", "prefill", "rope", "threads",
-    "memory", "method", "registry", "attributes", "reference", "models", "generate", "jsonl", "_lazy",
+    "memory", "method", "registry", "attributes", "reference", "models", "generate", "jsonl", "_lazy", "probe",
     "linear",
 }  # fmt: skip
 # What sits above it: evaluation, benchmarks, tuning, training, and every command-line module.
-ABOVE = {"eval", "bench", "tuning", "train", "runs", "cli", "args", "check"}
+ABOVE = {"eval", "bench", "tuning", "train", "runs", "serve", "cli", "args", "check"}
 
 
 def _module_name(path: Path) -> str:

@@ -228,6 +228,38 @@ def test_model_not_marked_backend_compatible_is_refused():
         sinkwindow.apply(torch.nn.Linear(2, 2), "swa:8:2")
 
 
+def test_a_family_without_the_flag_is_accepted_by_a_probe_forward_and_matches_the_reference():
+    """StableLM lacks _supports_attention_backend, yet routes attention and masks through the interfaces."""
+    model = tiny_model("stablelm")
+    assert not type(model)._supports_attention_backend
+    assert sinkwindow.patch.unsupported_reason(model) is None
+    ids = _ids(30)
+    base = model(ids).logits
+    sinkwindow.apply(model, "swa:8:2")
+    assert (model(ids).logits - base).abs().max() > 1e-2  # the window changed the output
+    torch.testing.assert_close(
+        model(ids).logits.double(), reference_logits(model, ids, "swa:8:2"), atol=2e-4, rtol=1e-4
+    )
+
+
+def test_the_probe_names_a_layer_that_bypasses_the_attention_interface(monkeypatch):
+    """The probe itself must see a bypass: one StableLM layer computing attention by hand is refused."""
+    from transformers.models.stablelm import modeling_stablelm
+
+    real = modeling_stablelm.StableLmAttention.forward
+
+    def by_hand(self, hidden_states, *args, **kwargs):
+        if self.layer_idx != 1:
+            return real(self, hidden_states, *args, **kwargs)
+        return self.o_proj(self.q_proj(hidden_states)), None
+
+    monkeypatch.setattr(modeling_stablelm.StableLmAttention, "forward", by_hand)
+    from sinkwindow.probe import probe_routing
+
+    found = probe_routing(tiny_model("stablelm"), sinkwindow.patch._probe_layers)
+    assert found is not None and "decoder layer(s) [1]" in found
+
+
 def test_remote_code_is_told_to_use_transformers_implementation():
     from transformers import BloomConfig, BloomForCausalLM
 

@@ -40,6 +40,7 @@ from . import flex, hybrid
 from .attributes import CACHE_FACTORY_ATTR, RETROFIT_ATTR, STATE_ATTR
 from .cache import SinkWindowCache
 from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
+from .probe import probe_routing
 from .rope import rope_for_model
 from .spec import MethodSpec, parse_spec
 from .static_cache import StaticSinkWindowCache
@@ -69,7 +70,7 @@ logger = logging.getLogger(__name__)
 TESTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma3", "gemma2", "phi", "olmo", "olmo2",
     "granite", "gpt_neox", "smollm3", "cohere", "cohere2", "mixtral", "qwen3_moe", "starcoder2", "glm", "helium",
-    "gpt2",
+    "gpt2", "stablelm",
 )  # fmt: skip
 SUPPORTED_MODEL_TYPES = TESTED_MODEL_TYPES  # the name older callers import
 
@@ -225,6 +226,13 @@ def _decoder_layers(
     return None
 
 
+def _probe_layers(tiny: PreTrainedModel) -> list[list[torch.nn.Module]] | None:
+    """For each decoder layer of a probe's tiny copy, the modules that may compute its attention."""
+    n = tiny.config.get_text_config(decoder=True).num_hidden_layers
+    found = _decoder_layers(tiny, n)
+    return None if found is None else [list(layer.modules()) for layer in found[1]]
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why sinkwindow cannot patch ``model`` (one line that names what to do), or ``None`` if it can.
 
@@ -232,7 +240,9 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     plugs into. In order:
 
     1. transformers marks the class backend-compatible (``_supports_attention_backend``: it documents
-       that the model uses the attention and mask interfaces and passes their arguments through);
+       that the model uses the attention and mask interfaces and passes their arguments through), or
+       a probe forward of a tiny copy shows every layer calling a sentinel attention function and
+       the mask built through the mask interface (``probe.probe_routing``);
     2. transformers can switch its attention implementation (``_can_set_attn_implementation``; without
        it ``set_attn_implementation`` only logs a warning and the patch would silently not apply);
     3. the decoder's forward builds its masks with ``create_causal_mask`` and/or
@@ -244,8 +254,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
        ``ALL_ATTENTION_FUNCTIONS`` (hybrids with recurrent, convolution or linear-attention layers fail);
     6. the family is not in ``REFUSED_MODEL_TYPES`` (passes 1-5 but fails a runtime contract test).
 
-    The checks read class flags and the global names the forward functions' bytecode refers to; they
-    run no forward.
+    The checks read class flags and the global names the forward functions' bytecode refers to; only
+    a family without the flag costs a forward (of a tiny copy).
     """
     cls = base_class(model)  # the model's own class, not the context-manager mixin
     tcfg = text_config(model)
@@ -257,11 +267,13 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         else "use a family whose attention goes through these interfaces (e.g. llama, qwen3, gemma3)"
     )
     if not getattr(cls, "_supports_attention_backend", False):
-        return (
-            f"transformers does not mark {cls.__name__} as attention-backend compatible "
-            f"(_supports_attention_backend=False), so its layers may bypass AttentionInterface and "
-            f"AttentionMaskInterface; {fix}"
-        )
+        # The flag is transformers' promise, not the only evidence: a probe forward decides.
+        found_by_probe = probe_routing(model, _probe_layers)
+        if found_by_probe is not None:
+            return (
+                f"transformers does not mark {cls.__name__} as attention-backend compatible "
+                f"(_supports_attention_backend=False), and {found_by_probe}; {fix}"
+            )
     can_set = getattr(cls, "_can_set_attn_implementation", None)
     if can_set is not None and not can_set():
         return (

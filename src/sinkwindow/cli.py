@@ -23,6 +23,7 @@ _PROVIDERS = (
     "sinkwindow.bench.cli",
     "sinkwindow.train.cli",
     "sinkwindow.tuning.cli",
+    "sinkwindow.serve.cli",
 )
 
 

@@ -1,0 +1,33 @@
+"""``sinkwindow serve``: an OpenAI-compatible HTTP server whose memory per conversation is fixed.
+
+- :mod:`.engine`: one worker thread owns the model; requests join and leave between steps, each
+  with its own bounded cache (a prompt is prefilled a chunk per turn so it never stalls the others);
+- :mod:`.sessions`: conversations that keep their cache between requests, evicted under a count
+  and a byte budget;
+- :mod:`.text`: incremental detokenizing and stop strings;
+- :mod:`.protocol`: the OpenAI request and response shapes, and their errors;
+- :mod:`.app`: the Starlette application (``/v1/completions``, ``/v1/chat/completions`` with
+  server-sent events, ``/v1/models``, ``/v1/sessions``, ``/health``);
+- :mod:`.cli`: the ``serve`` subcommand (uvicorn).
+
+Why not transformers' own ``transformers serve``: it loads models by id in a separate process (a
+patched model object cannot reach it), its continuous batching builds its own masks and takes only
+``sdpa``/eager/flash attention, and its sliding-window allocator is a plain ring buffer that
+overwrites the sinks; carrying SWA(w, s) there would take process-wide monkeypatches of its
+internals. Here the runtime's own cache and masks, tested against the fp64 reference, serve
+every request.
+"""
+
+from .._lazy import lazy_package
+
+# Public names by the module that defines them; each loads on first use (see _lazy.py).
+__all__ = lazy_package(
+    __name__,
+    {
+        ".app": ["build_app"],
+        ".engine": ["Engine", "EngineBusyError", "Job"],
+        ".protocol": ["APIError", "GenerationRequest", "parse_request"],
+        ".sessions": ["Session", "SessionBusyError", "SessionStore"],
+        ".text": ["IncrementalDecoder", "StopMatcher"],
+    },
+)

@@ -1,0 +1,266 @@
+"""The serving engine: one worker thread owns the model and turns requests into tokens.
+
+Scheduling is continuous at the step level: requests join the running set and leave it between
+steps, and each turn of the loop gives every running request one unit of work, a prefill chunk
+(``chunk_size`` tokens; a long prompt never stalls the others) or one decode step. Each request has
+its own cache from ``make_cache`` (at most W keys per windowed layer; a hybrid's full units grow),
+its own positions and its own sinks, so its tokens are exactly those of ``sinkwindow.generate`` on
+that prompt alone with the same chunk size. Forwards are not stacked across requests: every
+forward serves one request (batched forwards over rows of different lengths are not built yet).
+
+Events reach the caller through ``Job.emit`` (called on the worker thread):
+``("token", id)``, then one ``("done", reason)`` with reason ``"stop"``, ``"length"`` or
+``"cancelled"``, or ``("error", message)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from ..generate import DecodeStep, select_next
+from ..patch import active_spec, check_positions, make_cache
+from ..prefill import input_device, prefill
+from .sessions import Session, SessionStore
+
+__all__ = ["Engine", "Job", "EngineBusyError"]
+
+logger = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+
+class EngineBusyError(RuntimeError):
+    """The queue of waiting requests is full."""
+
+
+@dataclass
+class Job:
+    """One request: prompt tokens, how to pick tokens, and where its events go.
+
+    Args:
+        prompt: token ids to feed (a session's continuation: only the new ones).
+        max_new_tokens: tokens to generate (0: only feed the prompt, for a session).
+        temperature: 0 for greedy; else sampling with ``top_p`` and ``seed``.
+        stop_ids: token ids that end the answer (the model's eos).
+        session: a session id whose cache the prompt continues.
+        emit: called with each event, on the worker thread.
+    """
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: frozenset[int] = frozenset()
+    session: str | None = None
+    emit: Callable[[tuple], None] = lambda event: None
+    id: str = field(default_factory=lambda: f"job-{next(_ids)}")
+    # Worker state.
+    cancel_reason: str | None = None
+    generated: int = 0
+    last_token: int | None = None
+    prompt_tokens: int = 0
+    _pending: list[int] = field(default_factory=list)
+    _cache: object = None
+    _step: DecodeStep | None = None
+    _logits: torch.Tensor | None = None
+    _generator: torch.Generator | None = None
+    _session: Session | None = None
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Ask the worker to end this request at its next step (a disconnect, a stop string)."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+
+
+class Engine:
+    """Runs :class:`Job` s on ``model`` in a worker thread.
+
+    Args:
+        model: a model patched with ``sinkwindow.apply`` (or unpatched, for full attention).
+        max_active: requests that advance together; more wait in the queue.
+        max_queue: waiting requests beyond which :meth:`submit` refuses (``EngineBusyError``).
+        chunk_size: prompt tokens per prefill step.
+        sessions: the store of conversations (default: 64 sessions, no byte budget).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        max_active: int = 8,
+        max_queue: int = 64,
+        chunk_size: int = 512,
+        sessions: SessionStore | None = None,
+    ):
+        if max_active < 1 or max_queue < 0 or chunk_size < 1:
+            raise ValueError("max_active and chunk_size must be at least 1, max_queue at least 0")
+        self.model = model
+        self.spec = active_spec(model)
+        self.max_active = max_active
+        self.max_queue = max_queue
+        self.chunk_size = chunk_size
+        self.sessions = sessions if sessions is not None else SessionStore()
+        self.device = input_device(model)
+        self._queue: deque[Job] = deque()
+        self._active: list[Job] = []
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.last_evicted: list[dict] = []
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="sinkwindow-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Cancel every request (each gets ``("done", "cancelled")``) and end the worker."""
+        with self._cv:
+            self._stopping = True
+            for job in [*self._queue, *self._active]:
+                job.cancel("cancelled")
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def stats(self) -> dict:
+        with self._cv:
+            return {"active": len(self._active), "queued": len(self._queue), "sessions": len(self.sessions)}
+
+    def check_length(self, job: Job) -> None:
+        """Refuse a request whose positions run past the model's (``ValueError``, one line)."""
+        if self.spec.positions == "cache":
+            return
+        seen = 0
+        if job.session is not None:
+            existing = next((s for s in self.sessions.rows() if s["id"] == job.session), None)
+            seen = existing["tokens"] + 1 if existing else 0  # + the pending token
+        check_positions(self.model, seen + len(job.prompt) + job.max_new_tokens)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``.
+
+        Raises:
+            EngineBusyError: the queue is full.
+            SessionBusyError: its session is answering another request.
+            ValueError: prompt + new tokens run past the model's positions, or nothing to do.
+        """
+        if not job.prompt and job.session is None:
+            raise ValueError("the prompt gives no tokens: give some text")
+        self.check_length(job)
+        with self._cv:
+            if self._stopping:
+                raise EngineBusyError("the server is shutting down")
+            if len(self._queue) + len(self._active) >= self.max_queue + self.max_active:
+                raise EngineBusyError(
+                    f"{len(self._active)} requests are running and {len(self._queue)} waiting (--max-queue): retry later"
+                )
+            if job.session is not None:
+                job._session = self.sessions.reserve(job.session)
+            self._queue.append(job)
+            self._cv.notify_all()
+
+    # ------------------------------------------------------------------ worker
+
+    def _loop(self) -> None:
+        with torch.no_grad():
+            while True:
+                with self._cv:
+                    while not self._queue and not self._active and not self._stopping:
+                        self._cv.wait()
+                    if self._stopping and not self._queue and not self._active:
+                        return
+                    while self._queue and len(self._active) < self.max_active:
+                        self._active.append(self._begin(self._queue.popleft()))
+                    running = list(self._active)
+                for job in running:
+                    try:
+                        finished = self._advance(job)
+                    except Exception as err:  # one request's failure must not stop the others
+                        logger.exception("request %s failed", job.id)
+                        self._end(job, ("error", f"{type(err).__name__}: {err}".splitlines()[0]), broken=True)
+                        continue
+                    if finished:
+                        self._end(job, ("done", job.cancel_reason or finished))
+
+    def _begin(self, job: Job) -> Job:
+        s = job._session
+        if s is not None:
+            job._cache = s.cache if s.cache is not None else make_cache(self.model)
+            job._pending = [*s.pending, *job.prompt]
+        else:
+            job._cache = make_cache(self.model)
+            job._pending = list(job.prompt)
+        job.prompt_tokens = len(job.prompt)
+        job._step = DecodeStep(self.model, job._cache)
+        if job.temperature > 0 and job.seed is not None:
+            job._generator = torch.Generator(device=self.device).manual_seed(job.seed)
+        return job
+
+    def _advance(self, job: Job) -> str | None:
+        """One unit of work; the finish reason once the job is done, else ``None``."""
+        if job.cancel_reason is not None:
+            return job.cancel_reason
+        if job._pending:
+            n = min(self.chunk_size, len(job._pending))
+            if self.spec.kind == "evict" and job._cache.get_seq_length() == 0:
+                n = len(job._pending)  # evict:W:S runs the whole prompt dense, as generate() does
+            ids = torch.tensor([job._pending[:n]], device=self.device)
+            job._pending = job._pending[n:]
+            job._logits = prefill(self.model, ids, chunk_size=n, cache=job._cache).logits
+            return None
+        if job.generated >= job.max_new_tokens:
+            return "length"
+        nxt = select_next(
+            job._logits,
+            do_sample=job.temperature > 0,
+            temperature=job.temperature if job.temperature > 0 else 1.0,
+            top_p=job.top_p,
+            generator=job._generator,
+        )
+        token = int(nxt[0])
+        job.generated += 1
+        job.last_token = token
+        job.emit(("token", token))
+        if token in job.stop_ids:
+            return "stop"
+        if job.generated >= job.max_new_tokens:
+            return "length"
+        job._logits = job._step(nxt[:, None])
+        return None
+
+    def _end(self, job: Job, event: tuple, broken: bool = False) -> None:
+        with self._cv:
+            if job in self._active:
+                self._active.remove(job)
+        s = job._session
+        evicted: list[dict] = []
+        if s is not None:
+            if broken or job._pending:
+                # Cut off inside the prompt (or failed): the cache no longer matches a token stream.
+                s.cache, s.pending, s.tokens = None, [], 0
+                logger.warning("session %s: reset (its turn ended inside the prompt)", s.id)
+            else:
+                fed = len(s.pending) + len(job.prompt) + max(job.generated - 1, 0)
+                s.cache = job._cache
+                s.tokens += fed
+                s.pending = [job.last_token] if job.generated else []
+                s.turns += 1
+            evicted = self.sessions.release(s)
+            for note in evicted:
+                logger.warning("evicted session %s (%s)", note["id"], note["reason"])
+        self.last_evicted = evicted
+        job._cache = job._step = job._logits = None
+        job.emit((*event, {"evicted_sessions": evicted, "session": s.row() if s is not None else None}))

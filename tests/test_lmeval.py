@@ -912,9 +912,30 @@ def test_recovery_table_intervals_from_per_item_scores():
     # The same answers as full on the same items: a recovery of exactly 100 with no width.
     assert m["swa:256:4"]["average_recovery_ci"] == pytest.approx([100.0, 100.0])
     assert "| swa:64:4 | — | 30.0 (50.0) |" not in md  # no MMLU column without MMLU rows
-    assert "50.0 [" in md and "swa:64:4: average recovery is below 100 by more than its noise" in md
-    assert "swa:256:4: within the noise of full on every recovery" in md
+    # Decisions are exact paired tests, not intervals: 30 items right under full only, per task.
+    t = m["swa:64:4"]["tests"]
+    assert (t["piqa"]["plus"], t["piqa"]["minus"], t["piqa"]["n"]) == (0, 30, 100)
+    assert t["piqa"]["p"] == pytest.approx(2 * 0.5**30) and t["average"]["p_holm"] < 1e-6
+    assert "50.0 [" in md and "swa:64:4: ARC-E below full (0 vs 30 discordant items of 100" in md
+    assert "swa:256:4: no difference from full beyond noise." in md
+    assert "Holm-corrected over the 6 comparisons above" in md
     assert "SWA(64, 4) (0 tokens) 93.2 / 99.0" in md
+
+
+def test_recovery_table_decisions_by_exact_tests_on_few_items():
+    # 10 items, 3 right under full only: a 30-point drop, and McNemar's p = 0.25, so no decision.
+    ids = [f"piqa:{i}" for i in range(10)]
+    rows = [_item_rows("piqa", "full", set(range(5)), ids=ids), _item_rows("piqa", "linear", {3, 4}, ids=ids)]
+    md, data = lmeval.recovery_table(rows)
+    t = data["models"]["m"]["methods"]["linear"]["tests"]["piqa"]
+    assert (t["plus"], t["minus"]) == (0, 3) and t["p"] == pytest.approx(0.25) and not t["too_few"]
+    assert "linear: no difference from full beyond noise." in md
+    # 4 items: no outcome could reach p <= 0.05 (min p = 2 / 2**4), so the table says so.
+    ids = ids[:4]
+    rows = [_item_rows("piqa", "full", set(range(4)), ids=ids), _item_rows("piqa", "linear", set(), ids=ids)]
+    md, data = lmeval.recovery_table(rows)
+    assert data["models"]["m"]["methods"]["linear"]["tests"]["piqa"]["too_few"]
+    assert "Too few items to decide: PIQA." in md
 
 
 def test_recovery_table_pairs_items_by_id_and_skips_rows_without_items():

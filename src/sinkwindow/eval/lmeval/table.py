@@ -9,9 +9,13 @@ Recovery is ``100 * method / full`` on the same metric and items. Metrics follow
 (Mamba, LoLCATs): ``acc_norm`` for ARC-Challenge and HellaSwag, ``acc`` for the rest.
 
 Rows that carry per-item scores (``items``, written since lm-eval runs log their samples) get 95%
-intervals (``eval.stats``): Wilson for each task's score, a bootstrap over items within each task
-for the average, and paired bootstraps over the same items (method and baseline resampled
-together) for every recovery. Older rows without items get none.
+intervals (``eval.stats``), for display: Wilson for each task's score, a bootstrap over items within
+each task for the average, and paired bootstraps over the same items (method and baseline resampled
+together) for every recovery. Decisions ("differs from full beyond noise") are exact paired tests on
+the same items (``paired_sign_test``: McNemar's exact test for one task's 0/1 scores, the
+stratified sign-flip test for the average over tasks), Holm-corrected over every comparison the
+table lists; a comparison on too few items for any outcome to reach the level is said to be so,
+never decided. Older rows without items get neither.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from ..results import ResultsStore, read_jsonl, row_problem
 from ..stats import (
     Interval,
     bootstrap_mean_interval,
-    exceeds_noise,
+    holm,
     paired_bootstrap_ratio,
+    paired_sign_test,
     wilson_interval,
 )
+from ..summary import ALPHA
 from .constants import (
     PAPER_RECOVERY,
     PAPER_TABLE1,
@@ -235,6 +241,8 @@ def recovery_table(
                 "mmlu_recovery": recovery.get("mmlu"),
                 **_intervals(by_task, m, baseline, tasks, chosen),
             }
+        for m, tests in _tests(by_task, methods, baseline, tasks, chosen).items():
+            entry["methods"][m]["tests"] = tests
         data["models"][model] = entry
         parts.append(_markdown(model, entry, chosen, baseline, len(picked) > 1))
     if not parts:
@@ -270,34 +278,75 @@ def _paper_lines(data: Mapping) -> str:
     return f"Paper, MMLU / average recovery over 11 base models: {'; '.join(rows)}.\n"
 
 
-def _noise_lines(entry: Mapping, baseline: str) -> list[str]:
-    """In words: which recoveries differ from 100 by more than their noise (interval excludes 100)."""
-    out = []
-    for m, v in entry["methods"].items():
+def _tests(
+    by_task: Mapping[str, Mapping], methods: list[str], baseline: str, tasks: list[str], chosen
+) -> dict:
+    """Exact paired tests of each method against ``baseline`` on the same items, Holm-corrected.
+
+    Returns ``{method: {task or "average": {"p", "p_holm", "n", "plus", "minus", "min_p",
+    "too_few"}}}``: one test per task with paired items, and the average over tasks (stratified by
+    task, as the table averages) where every task has them. ``p_holm`` is adjusted over every test
+    that could reject (``too_few`` ones cannot and are left out of the family).
+    """
+    out: dict[str, dict] = {}
+    family: list[dict] = []
+    for m in methods:
         if m == baseline:
             continue
-        named = []
-        for what, ci in (
-            ("MMLU recovery", v.get("mmlu_recovery_ci")),
-            ("average recovery", v.get("average_recovery_ci")),
-        ):
-            if ci is None:
-                continue
-            interval = Interval(1.0, ci[0] / 100, ci[1] / 100, 0)
-            if exceeds_noise(interval, 1.0):
-                side = "below" if ci[1] < 100 else "above"
-                named.append(f"{what} is {side} 100 by more than its noise [{ci[0]:.1f}, {ci[1]:.1f}]")
-        tasks = [
-            t
-            for t, ci in (v.get("recovery_ci") or {}).items()
-            if ci is not None and exceeds_noise(Interval(1.0, ci[0] / 100, ci[1] / 100, 0), 1.0)
-        ]
-        if tasks:
-            named.append("per task: " + ", ".join(TASK_LABELS[t] for t in tasks))
+        pairs = {
+            t: _paired(_items(by_task[t][m], chosen[t]), _items(by_task[t][baseline], chosen[t]))
+            for t in tasks
+            if m in by_task[t] and baseline in by_task[t]
+        }
+        have = {t: p for t, p in pairs.items() if p}
+        cells: dict[str, tuple] = {t: ([p[0]], [p[1]]) for t, p in have.items()}
+        if have and len(have) == len(pairs) and len(have) > 1:
+            cells["average"] = ([p[0] for p in have.values()], [p[1] for p in have.values()])
+        out[m] = {}
+        for key, (a, b) in cells.items():
+            r = paired_sign_test(a, b, alpha=ALPHA)
+            d = {"p": r.p, "n": r.n, "plus": r.plus, "minus": r.minus, "min_p": r.min_p,
+                 "too_few": r.min_p > ALPHA, "p_holm": float("nan")}  # fmt: skip
+            out[m][key] = d
+            if not d["too_few"]:
+                family.append(d)
+    for d, q in zip(family, holm([d["p"] for d in family])):
+        d["p_holm"] = q
+    return out
+
+
+def _noise_lines(entry: Mapping, baseline: str) -> list[str]:
+    """In words: which differences from ``baseline`` an exact paired test finds beyond noise."""
+    out = []
+    n_tests = sum(
+        not d["too_few"] for v in entry["methods"].values() for d in (v.get("tests") or {}).values()
+    )
+    for m, v in entry["methods"].items():
+        tests = v.get("tests") or {}
+        if m == baseline or not tests:
+            continue
+        named, few = [], []
+        for key, d in tests.items():
+            what = "the average" if key == "average" else TASK_LABELS[key]
+            if d["too_few"]:
+                few.append(what)
+            elif d["p_holm"] <= ALPHA:
+                side = "below" if d["minus"] > d["plus"] else "above"
+                named.append(
+                    f"{what} {side} {baseline} ({d['plus']} vs {d['minus']} discordant items of {d['n']}, "
+                    f"p = {d['p']:.2g}, Holm {d['p_holm']:.2g})"
+                )
         if named:
             out.append(f"- {m}: " + "; ".join(named) + ".")
-        elif v.get("average_recovery_ci") is not None:
-            out.append(f"- {m}: within the noise of {baseline} on every recovery.")
+        else:
+            out.append(f"- {m}: no difference from {baseline} beyond noise.")
+        if few:
+            out[-1] += f" Too few items to decide: {', '.join(few)}."
+    if out:
+        out.append(
+            f"\nExact paired tests on the same items (McNemar's exact test per task, the stratified sign-flip "
+            f"test for the average), Holm-corrected over the {n_tests} comparisons above, at level {ALPHA}."
+        )
     return out
 
 
@@ -360,7 +409,7 @@ def _markdown(model: str, entry: dict, chosen: Mapping[str, str], baseline: str,
         )
     noise = _noise_lines(entry, baseline)
     if noise:
-        lines.append("\nDifferences from " + baseline + " larger than their noise (paired 95% intervals):\n")
+        lines.append("\nDifferences from " + baseline + " beyond noise:\n")
         lines.extend(noise)
     return "\n".join(lines) + "\n"
 

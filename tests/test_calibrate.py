@@ -379,6 +379,21 @@ def test_calibrate_command_writes_its_files_and_one_json_line(eval_pair_folder, 
     saved = json.loads((out / "calibrate.json").read_text())
     assert saved["spec"] == info["spec"] and (out / "calibrate.png").is_file()
     assert "versions" in saved["provenance"] and saved["provenance"]["command"].startswith("sinkwindow")
+    # A second run into the folder moves the first one's files aside, and a folder another run
+    # holds is refused before any model loads.
+    from sinkwindow.runs.folder import RunLock
+
+    rc = main(["calibrate", "--model", str(eval_pair_folder), "--method", "swa:64:4", "--full-heads", "1",
+               "--samples", "1", "--length", "512", "--out", str(out), "--no-progress", "--threads", "1"])  # fmt: skip
+    assert rc == 0
+    (previous,) = out.glob("previous-*")
+    assert json.loads((previous / "calibrate.json").read_text())["spec"] == info["spec"]
+    assert len(json.loads((out / "calibrate.json").read_text())["chosen"]) == 1
+    capsys.readouterr()
+    with RunLock(out):
+        rc = main(["calibrate", "--model", str(eval_pair_folder), "--method", "swa:64:4", "--full-heads", "1",
+                   "--samples", "1", "--length", "512", "--out", str(out), "--no-progress"])  # fmt: skip
+    assert rc == 2 and "being written by another run" in capsys.readouterr().err
 
 
 def test_calibrate_command_greedy_prints_and_saves_its_steps(eval_pair_folder, tmp_path, capsys):

@@ -854,11 +854,18 @@ def provenance() -> dict:
 
 
 def write_calibration(result: CalibrationResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, str]:
-    """``calibrate.json`` (and ``calibrate.png``) in ``out_dir``; returns their paths."""
+    """``calibrate.json`` (and ``calibrate.png``) in ``out_dir``; returns their paths.
+
+    A folder's earlier calibration is never overwritten: its files move to ``previous-<UTC time>/``
+    first (``runs.folder.move_aside``), so a re-run with other settings keeps both.
+    """
     import json
+
+    from ..runs.folder import move_aside
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    move_aside(out, ["calibrate.json", "calibrate.png"])
     paths = {"json": str(out / "calibrate.json")}
     data = {**result.to_json(), "provenance": provenance()}
     (out / "calibrate.json").write_text(json.dumps(data, indent=1) + "\n")

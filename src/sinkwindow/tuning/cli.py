@@ -7,6 +7,7 @@ import json
 import time
 
 from .. import args as cli_args
+from ..runs.folder import RunLock, check_run_dir
 
 __all__ = ["register", "CALIBRATE_MIN_LENGTH"]
 
@@ -81,14 +82,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
     by, k = ("layer", args.full_layers) if args.full_layers is not None else ("head", args.full_heads)
-    model, tok = _load(args)
-    t0 = time.perf_counter()
-    result = calibrate(
-        model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
-        seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
-        progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool,
-    )  # fmt: skip
-    paths = write_calibration(result, args.out)
+    with RunLock(check_run_dir(args.out)):  # one writer per folder, from the model's load to the files
+        model, tok = _load(args)
+        t0 = time.perf_counter()
+        result = calibrate(
+            model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
+            seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
+            progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool,
+        )  # fmt: skip
+        paths = write_calibration(result, args.out)
     print(result.table())
     for c in result.scores:
         print(f"top {result.k} by {c}: {','.join(result.top(c))}")
@@ -133,15 +135,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     windows = args.windows
     if windows is not None and all(w >= args.context for w in windows):
         raise ValueError(f"every --windows value is >= the context {args.context}: give windows below it")
-    model, tok = _load(args)
-    result = tune(
-        model, tok, args.kv_budget, args.context, args.task, windows=windows, sinks=args.sinks, by=args.units,
-        criterion=args.criterion, max_k=args.max_k, samples=args.samples, heldout_samples=args.heldout_samples,
-        calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
-        heldout_seed=args.heldout_seed, chunk_size=args.chunk_size, batch_size=args.batch_size,
-        progress=not args.no_progress, name=args.model,
-    )  # fmt: skip
-    paths = write_tune(result, args.out)
+    with RunLock(check_run_dir(args.out)):  # one writer per folder, from the model's load to the files
+        model, tok = _load(args)
+        result = tune(
+            model, tok, args.kv_budget, args.context, args.task, windows=windows, sinks=args.sinks, by=args.units,
+            criterion=args.criterion, max_k=args.max_k, samples=args.samples, heldout_samples=args.heldout_samples,
+            calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
+            heldout_seed=args.heldout_seed, chunk_size=args.chunk_size, batch_size=args.batch_size,
+            progress=not args.no_progress, name=args.model,
+        )  # fmt: skip
+        paths = write_tune(result, args.out)
     print(result.summary())
     best = result.heldout[result.best]
     print(

@@ -669,9 +669,15 @@ def plot_frontier(result: TuneResult, path: str | Path) -> Path:
 
 
 def write_tune(result: TuneResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, str]:
-    """``frontier.json``, ``frontier.png`` and ``tune.json`` in ``out_dir``; returns their paths."""
+    """``frontier.json``, ``frontier.png`` and ``tune.json`` in ``out_dir``; returns their paths.
+
+    A folder's earlier results are never overwritten: they move to ``previous-<UTC time>/`` first.
+    """
+    from ..runs.folder import move_aside
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    move_aside(out, ["frontier.json", "frontier.png", "tune.json"])
     data = {**result.to_json(), "provenance": provenance()}
     frontier = {
         k: data[k] for k in ("model", "task", "tasks", "context", "kv_budget_bytes", "dtype", "best", "seeds")

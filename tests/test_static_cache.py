@@ -145,3 +145,43 @@ def test_unsupported_uses_are_refused_clearly():
         cache.batch_repeat_interleave(2)
     with pytest.raises(NotImplementedError, match="speculative"):
         cache.crop(-1)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("spec", ["swa:8:2", "swa:8:2:cache"])
+def test_rows_of_different_lengths_decode_together_as_they_do_alone(spec):
+    """stack_rows / take_rows: requests join and leave a batch; each row's tokens are its own."""
+    from sinkwindow.generate import select_next
+    from sinkwindow.static_cache import stack_rows, take_rows
+
+    model = tiny_model("llama")
+    sinkwindow.apply(model, spec)
+    prompts = [_ids(n, seed=n) for n in (3, 11, 26)]
+    alone = [sinkwindow.generate(model, p, 9, chunk_size=4, static=True)[0, p.shape[1] :] for p in prompts]
+    caches, nxt = [], []
+    for p in prompts:
+        cache = sinkwindow.make_cache(model, static=True)
+        logits, _ = sinkwindow.prefill(model, p, chunk_size=4, cache=cache)
+        caches.append(cache)
+        nxt.append(select_next(logits))
+    batch = stack_rows(sinkwindow.make_cache(model, static=True), caches)
+    assert [layer.keys.shape[0] for layer in batch.layers] == [3] * len(batch.layers)
+    got = [[int(t)] for t in nxt]
+    tokens = torch.stack(nxt)
+    rows = [0, 1, 2]
+    for step in range(8):
+        if step == 4:  # the middle request leaves; the others go on
+            batch = take_rows(sinkwindow.make_cache(model, static=True), batch, [0, 2])
+            rows, tokens = [0, 2], tokens[[0, 2]]
+        logits = DecodeStep(model, batch)(tokens)
+        tokens = select_next(logits)[:, None]
+        for r, t in zip(rows, tokens[:, 0]):
+            got[r].append(int(t))
+    for r in (0, 2):
+        assert got[r] == alone[r].tolist(), r
+    assert got[1] == alone[1][:5].tolist()
+    # Each row still holds at most W keys of its own stream.
+    one = take_rows(sinkwindow.make_cache(model, static=True), batch, [1])
+    assert (
+        int(one.real_seen[0]) == prompts[2].shape[1] + 8 and one.layers[0].positions.max() < one.real_seen[0]
+    )

@@ -14,7 +14,7 @@ import torch
 from .cache import SinkWindowCache, SinkWindowLayer, SlotOffset, StepPlan
 from .rope import LayerRope
 
-__all__ = ["StaticSinkWindowCache", "StaticSinkWindowLayer"]
+__all__ = ["StaticSinkWindowCache", "StaticSinkWindowLayer", "stack_rows", "take_rows"]
 
 
 class StaticSinkWindowLayer(SinkWindowLayer):
@@ -185,3 +185,55 @@ class StaticSinkWindowCache(SinkWindowCache):
 
     layer_class = StaticSinkWindowLayer
     is_static = True
+
+
+def _rows_state(states: list[dict], rows: list[list[int]]) -> dict:
+    """The state of a cache whose rows are ``rows[k]`` of ``states[k]``, in order."""
+    if not states or not any(rows):
+        raise ValueError("no rows to put in the cache")
+    pick = [(st, torch.as_tensor(r, dtype=torch.long)) for st, r in zip(states, rows) if r]
+    layers = []
+    for i in range(len(states[0]["layers"])):
+        parts = [(st["layers"][i], idx) for st, idx in pick]
+        if any(part["keys"] is None for part, _ in parts):
+            raise ValueError("every row must have seen a token before its rows can be stacked")
+        layers.append(
+            {
+                name: torch.cat(
+                    [part[name].index_select(0, idx.to(part[name].device)) for part, idx in parts]
+                )
+                for name in ("keys", "values", "positions")
+            }
+            # Rows keep their own positions (real_seen, slot positions); the column counter only
+            # tells a first forward (evict's dense prompt) from a continuation, so any row's will do.
+            | {"cumulative_length": max(part["cumulative_length"] for part, _ in parts)}
+        )
+    out = dict(states[0])
+    out["padded"] = True
+    out["real_seen"] = torch.cat(
+        [st["real_seen"].index_select(0, idx.to(st["real_seen"].device)) for st, idx in pick]
+    )
+    out["layers"] = layers
+    return out
+
+
+def stack_rows(into: StaticSinkWindowCache, caches: list[StaticSinkWindowCache]) -> StaticSinkWindowCache:
+    """Fill ``into`` (a fresh cache from the same ``make_cache(model, static=True)``) with every row
+    of ``caches``, in order: a batch whose rows keep their own positions, sinks and window.
+
+    Each row is decoded exactly as it would be alone: its keys, slot positions and real-token count
+    travel with it (``[rows, kv_heads, w, head_dim]`` buffers, ``real_seen [rows]``). What serving
+    uses to let requests join a running batch between decode steps.
+    """
+    states = [c.state_dict() for c in caches]
+    into.load_state_dict(_rows_state(states, [list(range(st["real_seen"].shape[0])) for st in states]))
+    return into
+
+
+def take_rows(
+    into: StaticSinkWindowCache, cache: StaticSinkWindowCache, rows: list[int]
+) -> StaticSinkWindowCache:
+    """Fill ``into`` with ``rows`` of ``cache`` (copies), e.g. a batch without the requests that left,
+    or one request's row on its own."""
+    into.load_state_dict(_rows_state([cache.state_dict()], [list(rows)]))
+    return into

@@ -24,7 +24,7 @@ openai = pytest.importorskip("openai", reason="the tests talk to the server thro
 
 import sinkwindow  # noqa: E402
 from sinkwindow.serve.app import build_app  # noqa: E402
-from sinkwindow.serve.engine import Engine  # noqa: E402
+from sinkwindow.serve.engine import Engine, Job  # noqa: E402
 from sinkwindow.serve.sessions import SessionStore  # noqa: E402
 from sinkwindow.serve.text import IncrementalDecoder, StopMatcher  # noqa: E402
 
@@ -141,6 +141,32 @@ def test_concurrent_requests_each_equal_their_one_at_a_time_answer(served):
         got = list(pool.map(ask, prompts))
     for text, ids in zip(prompts, got):
         assert ids == _reference(model, tok, text, 15)
+    assert served[3].peak_batch >= 2  # they did decode together, as rows of one forward
+
+
+@pytest.mark.parametrize("spec", ["swa:8:2+full:1", "evict:8:2"])
+def test_the_engine_without_a_decode_batch_or_with_a_dense_prompt_gives_generate_tokens(spec, tmp_path):
+    """A hybrid decodes each request alone; evict:W:S prefills its prompt dense. Same tokens either way."""
+    from conftest import make_tiny_folder
+
+    model, tok = sinkwindow.load(str(make_tiny_folder(tmp_path)), method=spec)
+    engine = Engine(model, chunk_size=CHUNK).start()
+    assert engine.batched == (spec == "evict:8:2")
+    try:
+        jobs, out = [], {}
+        done = threading.Semaphore(0)
+        for n in (4, 13, 30):
+            ids = tok(_prompt(n, seed=n)).input_ids
+            out[n] = []
+            emit = lambda ev, n=n: out[n].append(ev[1]) if ev[0] == "token" else done.release()  # noqa: E731
+            jobs.append((n, ids))
+            engine.submit(Job(prompt=ids, max_new_tokens=10, stop_ids=frozenset([_eos(model)]), emit=emit))
+        for _ in jobs:
+            assert done.acquire(timeout=120)
+    finally:
+        engine.stop()
+    for n, ids in jobs:
+        assert out[n] == _reference(model, tok, "", 10, session_ids=ids), n
 
 
 def test_chat_uses_the_template_and_no_template_is_a_clear_400(served):
@@ -203,7 +229,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_request(served):
     deadline = time.monotonic() + 30
     while engine.stats()["active"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert engine.stats() == {"active": 0, "queued": 0, "sessions": engine.stats()["sessions"]}
+    assert engine.stats()["active"] == 0 and engine.stats()["decode_batch"] == 0
     assert (
         server.client.completions.create(model="tiny", prompt="w2", max_tokens=1).usage.completion_tokens == 1
     )
@@ -236,9 +262,10 @@ def test_a_session_continues_its_cache_and_stays_within_the_window(served):
     assert _ids(r2) == full[0, len(stream) :].tolist()
     info = r2.model_extra["sinkwindow"]["session"]
     assert info["turns"] == 2 and info["tokens"] == len(stream) + len(_ids(r2)) - 1
+    # Its cache is one ring buffer of W slots per layer (the decode batch's layout), whatever its length.
     window = sinkwindow.parse_spec(SPEC).window
     session = engine.sessions._sessions["a"]
-    assert max(sinkwindow.cache.cache_lengths(session.cache)) <= window - 1
+    assert max(sinkwindow.cache.cache_lengths(session.cache)) <= window and engine.batched
 
 
 def test_idle_sessions_beyond_the_limit_are_evicted_and_named(served):

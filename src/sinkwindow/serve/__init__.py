@@ -1,7 +1,8 @@
 """``sinkwindow serve``: an OpenAI-compatible HTTP server whose memory per conversation is fixed.
 
 - :mod:`.engine`: one worker thread owns the model; requests join and leave between steps, each
-  with its own bounded cache (a prompt is prefilled a chunk per turn so it never stalls the others);
+  with its own bounded cache (a prompt is prefilled a chunk per turn so it never stalls the others),
+  and under ``swa``/``evict`` the generating ones decode as rows of one batched forward;
 - :mod:`.sessions`: conversations that keep their cache between requests, evicted under a count
   and a byte budget;
 - :mod:`.text`: incremental detokenizing and stop strings;

@@ -1,16 +1,19 @@
 """The serving engine: one worker thread owns the model and turns requests into tokens.
 
-Scheduling is continuous at the step level: requests join the running set and leave it between
-steps, and each turn of the loop gives every running request one unit of work, a prefill chunk
-(``chunk_size`` tokens; a long prompt never stalls the others) or one decode step. Each request has
-its own cache from ``make_cache`` (at most W keys per windowed layer; a hybrid's full units grow),
-its own positions and its own sinks, so its tokens are exactly those of ``sinkwindow.generate`` on
-that prompt alone with the same chunk size. Forwards are not stacked across requests: every
-forward serves one request (batched forwards over rows of different lengths are not built yet).
+Scheduling is continuous: requests join the running set and leave it between steps. Each turn of
+the loop gives every request still reading its prompt one prefill chunk (``chunk_size`` tokens, on
+its own cache: a long prompt never stalls the others), then runs one decode step for every request
+that is generating. Under a plain ``swa``/``evict`` spec those decode steps are **one batched
+forward**: the rows live in one static ring-buffer cache (``static_cache.stack_rows``), each row
+with its own positions, sinks and window, so a request joins after its prefill and leaves when it
+ends (``take_rows``) without touching the others. Other specs (full attention, hybrids, linear
+retrofits) decode each request in a forward of its own. Either way every request's cache holds at
+most W keys per windowed layer (a hybrid's full units grow), and its tokens are those of
+``sinkwindow.generate`` on that prompt alone with the same chunk size.
 
 Events reach the caller through ``Job.emit`` (called on the worker thread):
-``("token", id)``, then one ``("done", reason)`` with reason ``"stop"``, ``"length"`` or
-``"cancelled"``, or ``("error", message)``.
+``("token", id)``, then one ``("done", reason, info)`` with reason ``"stop"``, ``"length"`` or
+``"cancelled"``, or ``("error", message, info)``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from transformers import PreTrainedModel
 from ..generate import DecodeStep, select_next
 from ..patch import active_spec, check_positions, make_cache
 from ..prefill import input_device, prefill
+from ..static_cache import StaticSinkWindowCache, StaticSinkWindowLayer, stack_rows, take_rows
 from .sessions import Session, SessionStore
 
 __all__ = ["Engine", "Job", "EngineBusyError"]
@@ -71,6 +75,7 @@ class Job:
     _cache: object = None
     _step: DecodeStep | None = None
     _logits: torch.Tensor | None = None
+    _next: torch.Tensor | None = None  # [1] the token to feed next (batched decoding)
     _generator: torch.Generator | None = None
     _session: Session | None = None
 
@@ -111,6 +116,18 @@ class Engine:
         self.device = input_device(model)
         self._queue: deque[Job] = deque()
         self._active: list[Job] = []
+        # One batched decode step over rows of one static cache, where every layer is a ring buffer
+        # (make_cache refuses static=True where some layer grows: a hybrid's full units).
+        try:
+            probe = make_cache(model, static=True)
+        except ValueError:
+            probe = None
+        self.batched = isinstance(probe, StaticSinkWindowCache) and all(
+            type(layer) is StaticSinkWindowLayer for layer in probe.layers
+        )
+        self._rows: list[Job] = []  # the requests in the decode batch, in row order
+        self._batch: StaticSinkWindowCache | None = None
+        self.peak_batch = 0  # the most rows one decode forward has served
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -137,7 +154,8 @@ class Engine:
 
     def stats(self) -> dict:
         with self._cv:
-            return {"active": len(self._active), "queued": len(self._queue), "sessions": len(self.sessions)}
+            return {"active": len(self._active), "queued": len(self._queue), "sessions": len(self.sessions),
+                    "batched_decode": self.batched, "decode_batch": len(self._rows), "peak_decode_batch": self.peak_batch}  # fmt: skip
 
     def check_length(self, job: Job) -> None:
         """Refuse a request whose positions run past the model's (``ValueError``, one line)."""
@@ -186,22 +204,30 @@ class Engine:
                         self._active.append(self._begin(self._queue.popleft()))
                     running = list(self._active)
                 for job in running:
+                    if self.batched and job in self._rows:
+                        continue  # advanced by the batched step below
                     try:
                         finished = self._advance(job)
                     except Exception as err:  # one request's failure must not stop the others
-                        logger.exception("request %s failed", job.id)
-                        self._end(job, ("error", f"{type(err).__name__}: {err}".splitlines()[0]), broken=True)
+                        self._fail(job, err)
                         continue
                     if finished:
                         self._end(job, ("done", job.cancel_reason or finished))
+                if self._rows:
+                    try:
+                        self._batched_step()
+                    except Exception as err:  # the batch's forward failed: end its requests, keep serving
+                        for job in list(self._rows):
+                            self._fail(job, err)
 
     def _begin(self, job: Job) -> Job:
         s = job._session
+        fresh = lambda: make_cache(self.model, static=self.batched)  # noqa: E731
         if s is not None:
-            job._cache = s.cache if s.cache is not None else make_cache(self.model)
+            job._cache = s.cache if s.cache is not None else fresh()
             job._pending = [*s.pending, *job.prompt]
         else:
-            job._cache = make_cache(self.model)
+            job._cache = fresh()
             job._pending = list(job.prompt)
         job.prompt_tokens = len(job.prompt)
         job._step = DecodeStep(self.model, job._cache)
@@ -223,8 +249,19 @@ class Engine:
             return None
         if job.generated >= job.max_new_tokens:
             return "length"
+        nxt, finished = self._pick(job, job._logits)
+        if finished:
+            return finished
+        if self.batched:
+            self._join(job, nxt)
+            return None
+        job._logits = job._step(nxt[:, None])
+        return None
+
+    def _pick(self, job: Job, logits: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """Choose, emit and count ``job``'s next token from ``logits [1, vocab]``; the finish reason if it ends the answer."""
         nxt = select_next(
-            job._logits,
+            logits,
             do_sample=job.temperature > 0,
             temperature=job.temperature if job.temperature > 0 else 1.0,
             top_p=job.top_p,
@@ -235,11 +272,54 @@ class Engine:
         job.last_token = token
         job.emit(("token", token))
         if token in job.stop_ids:
-            return "stop"
+            return nxt, "stop"
         if job.generated >= job.max_new_tokens:
-            return "length"
-        job._logits = job._step(nxt[:, None])
-        return None
+            return nxt, "length"
+        return nxt, None
+
+    # ------------------------------------------------------------------ the decode batch
+
+    def _join(self, job: Job, nxt: torch.Tensor) -> None:
+        """Put ``job`` (its prompt read, its first token chosen) into the decode batch."""
+        caches = [job._cache] if self._batch is None else [self._batch, job._cache]
+        self._batch = stack_rows(make_cache(self.model, static=True), caches)
+        self._rows.append(job)
+        job._cache, job._next = None, nxt
+
+    def _leave(self, job: Job) -> None:
+        """Take ``job``'s row out of the batch; its own cache is that row (a session keeps it)."""
+        i = self._rows.index(job)
+        job._cache = take_rows(make_cache(self.model, static=True), self._batch, [i])
+        rest = [k for k in range(len(self._rows)) if k != i]
+        self._batch = take_rows(make_cache(self.model, static=True), self._batch, rest) if rest else None
+        self._rows.pop(i)
+
+    def _batched_step(self) -> None:
+        """One decode forward for every row of the batch; rows that finish leave it."""
+        for job in [j for j in self._rows if j.cancel_reason is not None]:
+            self._leave(job)
+            self._end(job, ("done", job.cancel_reason))
+        if not self._rows:
+            return
+        tokens = torch.stack([job._next for job in self._rows])  # [rows, 1]
+        self.peak_batch = max(self.peak_batch, len(self._rows))
+        logits = DecodeStep(self.model, self._batch)(tokens)  # [rows, vocab]
+        done = []
+        for job, row in zip(list(self._rows), logits):
+            nxt, finished = self._pick(job, row[None])
+            job._next = nxt
+            if finished:
+                done.append((job, finished))
+        for job, finished in done:
+            self._leave(job)
+            self._end(job, ("done", job.cancel_reason or finished))
+
+    def _fail(self, job: Job, err: Exception) -> None:
+        logger.error("request %s failed: %s: %s", job.id, type(err).__name__, err)
+        if job in self._rows:
+            self._rows.remove(job)  # its row is dropped with the batch below
+            self._batch = None if not self._rows else self._batch
+        self._end(job, ("error", f"{type(err).__name__}: {err}".splitlines()[0]), broken=True)
 
     def _end(self, job: Job, event: tuple, broken: bool = False) -> None:
         with self._cv:

@@ -326,6 +326,8 @@ def bootstrap_ppl_interval(
 # Floats that should be equal but come from averaging (a bootstrap bound of 2.7e-15 over five
 # tasks that all tie) are compared with this relative tolerance, never with a bare ``> 0``.
 TOLERANCE = 1e-9
+# The level of every decision the reports make, after Holm's correction within its family.
+ALPHA = 0.05
 
 
 class TestResult(NamedTuple):

@@ -14,6 +14,7 @@ from collections import defaultdict
 from ..spec import parse_spec
 from .runner import BABILONG_TASKS, NIAH_TASKS
 from .stats import (
+    ALPHA,
     Interval,
     bootstrap_mean_interval,
     bootstrap_ppl_interval,
@@ -68,8 +69,6 @@ HEADLINE_FAMILIES = ("niah_single_1", "niah_single_2", "niah_single_3", "babilon
 # Bootstrap replicates per interval. 2000 puts the 2.5% and 97.5% percentiles 50 replicates from
 # the ends, and a whole report still takes well under a second.
 N_BOOT = 2000
-# The level of every decision, after Holm's correction within its family.
-ALPHA = 0.05
 # A zero-width bootstrap interval from fewer pairs than this says nothing about the noise (at
 # n = 10 every resample of ten equal pairs is the same): it is printed as "n too small".
 MIN_INTERVAL_PAIRS = 30

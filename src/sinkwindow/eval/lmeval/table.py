@@ -31,6 +31,7 @@ from ...runs.sessions import session_lines
 from ...spec import parse_spec
 from ..results import ResultsStore, read_jsonl, row_problem
 from ..stats import (
+    ALPHA,
     Interval,
     bootstrap_mean_interval,
     holm,
@@ -38,7 +39,6 @@ from ..stats import (
     paired_sign_test,
     wilson_interval,
 )
-from ..summary import ALPHA
 from .constants import (
     PAPER_RECOVERY,
     PAPER_TABLE1,

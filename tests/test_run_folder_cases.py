@@ -170,3 +170,18 @@ def test_a_damaged_fingerprint_is_named_as_such(tmp_path):
     (tmp_path / "fingerprint.json").write_text("{torn")
     with pytest.raises(RunMismatchError, match="its fingerprint.json is damaged"):
         ResultsStore(tmp_path, {"model": "m"}, settings={"seed": 0})
+
+
+def test_a_run_that_wrote_nothing_leaves_no_folder(tmp_path):
+    from sinkwindow.runs.folder import RunLock
+
+    with RunLock(tmp_path / "a" / "b"):
+        assert (tmp_path / "a" / "b" / ".lock").exists()
+    assert not (tmp_path / "a").exists()  # the folders the lock made are gone again
+    with RunLock(tmp_path / "c"):
+        (tmp_path / "c" / "rows.jsonl").write_text("{}\n")
+    assert (tmp_path / "c" / "rows.jsonl").exists()  # a run that wrote something keeps its folder
+    (tmp_path / "d").mkdir()
+    with RunLock(tmp_path / "d"):
+        pass
+    assert (tmp_path / "d").is_dir()  # a folder that was there stays

@@ -166,7 +166,8 @@ class RunLock:
 
     The file holds the holder's pid and start time. The kernel drops the lock when its process
     dies, so a file left by a dead run is taken over, with a warning naming it. Advisory only:
-    it keeps sinkwindow runs apart, not other programs.
+    it keeps sinkwindow runs apart, not other programs. Folders the lock had to create are removed
+    on release if the run put nothing in them.
 
     Raises (on enter):
         RunLockedError: another process holds the lock (its pid and start time in the message).
@@ -176,6 +177,7 @@ class RunLock:
         self.dir = check_run_dir(run_dir)
         self.path = self.dir / LOCK_FILE
         self._fd: int | None = None
+        self._created: list[Path] = []  # folders this lock made, deepest last
 
     @staticmethod
     def _holder(fd: int) -> dict:
@@ -188,7 +190,9 @@ class RunLock:
         return data if isinstance(data, dict) else {}
 
     def acquire(self) -> RunLock:
+        missing = [p for p in [self.dir, *self.dir.parents] if not p.exists()]
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._created = missing[::-1]
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -226,6 +230,16 @@ class RunLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+        # A run that wrote nothing (refused, or failed before its first file) leaves nothing: the
+        # folders this lock made go again while they hold only the lock.
+        if self._created and [p.name for p in self.dir.iterdir()] == [LOCK_FILE]:
+            self.path.unlink(missing_ok=True)
+            for folder in reversed(self._created):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+        self._created = []
 
     def __enter__(self) -> RunLock:
         return self.acquire()

@@ -313,6 +313,21 @@ def test_greedy_calibration_records_steps_a_direct_nll_reproduces(pair):
         calibrate(model, tok, "swa:64:4", 1, pool=2, length=LENGTH)
 
 
+def test_gates_criterion_keeps_the_heads_with_the_highest_trained_gate(pair):
+    model, tok = pair
+    res = calibrate(
+        model, tok, "swa:64:4", 2, by="head", criterion="gates", samples=1, length=LENGTH, progress=False
+    )
+    gates = res.scores["gates"]
+    assert len(gates) == 4 and all(0.0 <= g <= 1.0 for g in gates) and min(gates) < 1.0
+    order = sorted(range(4), key=lambda i: (-gates[i], i))
+    assert res.chosen == [res.units[i] for i in order[:2]]
+    assert res.gate_losses and res.gate_losses[-1]["l1"] < res.gate_losses[0]["l1"]
+    from sinkwindow import active_spec
+
+    assert active_spec(model).is_full  # left in full attention
+
+
 def test_calibrate_is_deterministic_with_one_score_per_unit(pair):
     model, tok = pair
     runs = [

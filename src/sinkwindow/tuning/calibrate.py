@@ -1,7 +1,7 @@
 """Score layers (or KV heads) for keeping full attention on top of SWA(W, S), and keep the top K.
 
 A *unit* is a decoder layer (``11``) or one KV head of a layer (``(11, 2)``, spelt ``11.2`` as in
-the spec grammar ``swa:256:4+full:11.2``). Two criteria score every unit, on calibration prompts
+the spec grammar ``swa:256:4+full:11.2``). These criteria score every unit, on calibration prompts
 that no evaluation uses (S-NIAH prompts of seed :data:`CAL_SEED`, far from every evaluation seed):
 
 - ``nll``: the NLL gain when that unit *alone* keeps full attention, NLL under ``swa:W:S`` minus
@@ -13,6 +13,9 @@ that no evaluation uses (S-NIAH prompts of seed :data:`CAL_SEED`, far from every
   :data:`LAST_QUERIES` query positions and, for a KV head, over the query heads that share it.
   One full-attention pass gives the mass for every (W, S) at once.
 - ``rank``: the mean of the two ranks (1 = the unit most worth keeping).
+- ``gates``: DuoAttention's trained gates (``tuning/gates.py``): one α ∈ [0, 1] per KV head, mixing
+  its full-attention and SWA(W, S) outputs, trained on the frozen model to keep the last hidden
+  states of full attention under an L1 pull towards 0; a unit scores its α (a layer: the mean).
 
 :func:`select_units` then keeps the K best units (ties go to the earlier unit, so a seed gives one
 answer), and :func:`spec_with_units` writes the hybrid spec. Scores of one unit at a time cannot see
@@ -82,7 +85,9 @@ logger = logging.getLogger(__name__)
 CAL_SEED = 7_000_000
 # Seeds reserved for evaluation: calibration and held-out seeds must stay outside them.
 EVAL_SEEDS = range(0, 1_000_000)
-CRITERIA = ("nll", "mass", "rank")
+CRITERIA = ("nll", "mass", "rank", "gates")
+# Adam steps of the trained gates (criterion "gates", tuning/gates.py): one calibration prompt each.
+GATE_STEPS = 60
 SELECTIONS = ("top", "greedy")
 UNIT_KINDS = ("layer", "head")
 # The last queries of an S-NIAH prompt are the question, the answer prefix and the answer itself:
@@ -525,7 +530,7 @@ def score_units(
     need = set(criteria) | ({"nll", "mass"} if "rank" in criteria else set())
     runs = (len(prompts) if "mass" in need else 0) + (
         len(bases) * (1 + len(units)) * len(prompts) if "nll" in need else 0
-    )
+    )  # the gates' steps are not counted: train_gates shows its own bar
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -555,6 +560,15 @@ def score_units(
         if "rank" in need:
             for b in bases:
                 out[str(b)]["rank"] = rank_scores({c: out[str(b)][c] for c in ("nll", "mass")})
+        if "gates" in need:
+            from .gates import train_gates
+
+            use_method(model, "full")  # the gates mix the frozen model's own full attention with SWA
+            sequences = [torch.cat([p.input_ids, p.answer_ids], dim=1) for p in prompts]
+            for b in bases:
+                trained = train_gates(model, sequences, b, steps=GATE_STEPS)
+                out[str(b)]["gates"] = trained.scores(units)
+                out[str(b)]["gate_losses"] = trained.losses
     finally:
         if bar is not None:
             bar.close()
@@ -601,6 +615,8 @@ class CalibrationResult:
     pool: int | None = None
     steps: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # The trained gates' loss per step (criterion "gates"): distillation and the mean α.
+    gate_losses: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -676,7 +692,8 @@ def calibrate(
         method: the plain ``swa:W:S`` to build on.
         k: units to keep full, 0 .. number of units.
         by: ``"layer"`` or ``"head"`` (KV heads).
-        criterion: ``"nll"``, ``"mass"`` or ``"rank"`` (both, ranks averaged).
+        criterion: ``"nll"``, ``"mass"``, ``"rank"`` (both, ranks averaged) or ``"gates"`` (one gate
+            per KV head trained on the frozen model, DuoAttention's way: ``tuning/gates.py``).
         samples / length: calibration S-NIAH prompts and their token budget (answer included).
         seed: the prompts' seed; one of ``EVAL_SEEDS`` is refused.
         last_queries: query positions the mass averages over (the prompt's end).
@@ -773,6 +790,7 @@ def calibrate(
         pool=pool,
         steps=steps,
         warnings=warnings,
+        gate_losses=scores.get("gate_losses", []),
     )
 
 
@@ -782,6 +800,7 @@ _LABELS = {
     "nll": "NLL gain (nats / answer token)",
     "mass": "mass outside the window",
     "rank": "mean rank (1 = kept first)",
+    "gates": "trained gate α (1 = full attention)",
 }
 
 

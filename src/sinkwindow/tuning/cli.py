@@ -197,8 +197,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep K KV heads full (each with the query heads that share it)")  # fmt: skip
     # nll by default: on smollm2-135m at 4K (benchmarks/RESULTS.md) its 6 layers lifted S-NIAH-1 from
     # 20% to 77%, while the rank choice (nll and mass averaged) and periodic layers added nothing.
-    p.add_argument("--criterion", choices=("nll", "mass", "rank"), default="nll",
-                   help="how units are ranked (default: %(default)s; nll and rank run the prompts once per unit)")  # fmt: skip
+    p.add_argument("--criterion", choices=("nll", "mass", "rank", "gates"), default="nll",
+                   help="how units are ranked (default: %(default)s; nll and rank run the prompts once per unit; gates trains "
+                   "one gate per KV head on the frozen model, DuoAttention's way)")  # fmt: skip
     # Single-unit scores cannot see units that only help together; greedy re-scores given those kept.
     p.add_argument("--select", choices=("top", "greedy"), default="top",
                    help="top: the K best single units; greedy (nll): add, one at a time, the unit that lowers the "

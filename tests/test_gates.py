@@ -1,0 +1,67 @@
+"""Trained head gates (DuoAttention's criterion): the gated forward is SWA at α = 0 and full at α = 1,
+and training moves the gates of a frozen model while keeping them in [0, 1]."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sinkwindow
+from conftest import VOCAB, tiny_model
+from sinkwindow.reference import reference_logits
+from sinkwindow.tuning.gates import gated_forward, train_gates
+
+SPEC = "swa:8:2"
+
+
+def _ids(n=30, seed=3):
+    return torch.randint(1, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _alpha(model, value):
+    layers, kv = model.config.num_hidden_layers, model.config.num_key_value_heads
+    return {i: torch.full((kv,), value) for i in range(layers)}
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_gates_at_zero_are_swa_and_at_one_full_attention(family):
+    model = tiny_model(family)
+    ids = _ids()
+    head = model.get_output_embeddings()
+    full = model(ids).logits.double()
+    swa = reference_logits(model, ids, SPEC)  # the fp64 reference of SWA(8, 2)
+    at_one = head(gated_forward(model, ids, _alpha(model, 1.0), SPEC)).double()
+    at_zero = head(gated_forward(model, ids, _alpha(model, 0.0), SPEC)).double()
+    torch.testing.assert_close(at_one, full, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(at_zero, swa, atol=2e-4, rtol=1e-4)
+    assert (full - swa).abs().max() > 1e-2  # the window matters on this prompt
+    # One head gated alone changes the output only through that head's layer onwards.
+    one = _alpha(model, 0.0)
+    one[1][0] = 1.0
+    mixed = head(gated_forward(model, ids, one, SPEC)).double()
+    assert (mixed - at_zero).abs().max() > 1e-4 and (mixed - at_one).abs().max() > 1e-4
+    assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_training_moves_gates_inside_the_unit_interval_and_leaves_the_model_frozen():
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = train_gates(model, [_ids(seed=s) for s in range(3)], SPEC, steps=12, lr=0.1, l1=0.5)
+    flat = [a for layer in result.alpha for a in layer]
+    assert len(result.alpha) == model.config.num_hidden_layers and all(0.0 <= a <= 1.0 for a in flat)
+    assert min(flat) < 1.0  # the L1 pull moved them from the all-full start
+    assert result.losses[-1]["l1"] < result.losses[0]["l1"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.requires_grad for p in model.parameters())
+    # Scores: a KV head's own gate, a layer's mean.
+    assert result.scores([(0, 1)]) == [result.alpha[0][1]]
+    assert result.scores([2]) == [pytest.approx(sum(result.alpha[2]) / len(result.alpha[2]))]
+
+
+def test_gates_refuse_a_spec_that_is_not_plain_swa():
+    model = tiny_model("llama")
+    for bad in ("evict:8:2", "swa:8:2+full:1", "full"):
+        with pytest.raises(ValueError, match="plain swa:W:S"):
+            train_gates(model, [_ids()], bad, steps=1)
+    assert sinkwindow.active_spec(model).is_full

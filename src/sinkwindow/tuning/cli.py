@@ -242,9 +242,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sinks", type=sinks_list, default=[4], help="the S values, e.g. 0,4 (default: 4)")
     p.add_argument("--units", choices=("layer", "head"), default="layer",
                    help="full units: whole layers or KV heads (default: %(default)s)")  # fmt: skip
-    p.add_argument("--criterion", choices=("nll", "mass", "rank"), default="mass",
+    p.add_argument("--criterion", choices=("nll", "mass", "rank", "gates"), default="mass",
                    help="how units are ranked (default: %(default)s: one pass for every W; nll/rank are slow, and "
-                   "nll chose better layers on smollm2-135m)")  # fmt: skip
+                   "nll chose better layers on smollm2-135m; gates trains one gate per KV head for each W)")  # fmt: skip
     p.add_argument("--max-k", type=cli_args.integer(0, what="--max-k"), default=None,
                    help="at most K full units (default: what the budget allows)")  # fmt: skip
     p.add_argument("--samples", type=cli_args.integer(1, what="--samples"), default=2,

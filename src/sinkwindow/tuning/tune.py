@@ -480,7 +480,7 @@ def tune(
         windows: the W grid (default: :func:`window_grid`, powers of two from 64 below ``context``).
         sinks: the S values (``(0, 4)`` widens the search; default 4 only).
         by: full units are ``"layer"`` or ``"head"`` (KV heads).
-        criterion: how units are ranked (``calibrate``): ``mass`` (one pass for every base), ``nll``
+        criterion: how units are ranked (``calibrate``; ``gates`` too): ``mass`` (one pass for every base), ``nll``
             or ``rank`` (one run per unit and base; slow).
         max_k: at most this many full units (default: whatever the budget allows).
         samples / heldout_samples: per task, on the calibration / held-out seed (ppl: windows).

@@ -357,5 +357,12 @@ def test_smollm2_answers_the_openai_client_streamed(tmp_path):
                                                             temperature=0, stream=True))  # fmt: skip
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert "Paris" in text, json.dumps(text)
+        whole = server.client.chat.completions.create(
+            model="smollm2-135m", messages=msgs, max_tokens=8, temperature=0
+        )
+        assert whole.choices[0].message.content == text  # streamed and not: the same answer
+        r = server.client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=4,
+                                             temperature=0)  # fmt: skip
+        assert r.usage.completion_tokens == 4 and r.choices[0].finish_reason == "length"
     finally:
         server.stop()

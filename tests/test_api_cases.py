@@ -122,3 +122,31 @@ def test_a_hub_id_without_a_network_fails_at_once_with_the_fix(monkeypatch):
     with pytest.raises(FileNotFoundError, match="cannot be reached and it is not in the local hub cache"):
         sinkwindow.load("someone/no-such-model-xyz")
     assert calls == []
+
+
+def test_the_second_audit_gets_one_line_errors_from_the_api():
+    """Cases of the second input audit (benchmarks/input_audit.py): each failed deep inside, or was taken."""
+    model = tiny_model("llama")
+    sinkwindow.apply(model, "swa:8:2")
+    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    cases = [
+        (lambda: sinkwindow.parse_spec("swa:８:２"), ValueError, "is not an integer"),
+        (lambda: sinkwindow.parse_spec("swa:1_0:2"), ValueError, "is not an integer"),
+        (lambda: sinkwindow.parse_spec("swa:8:2+full:１"), ValueError, "is not a layer"),
+        (lambda: sinkwindow.MethodSpec("swa", True, 0), ValueError, "window W must be a positive integer"),
+        (lambda: sinkwindow.generate(model, torch.tensor([[5, VOCAB + 7]]), 2), ValueError, "outside the model's vocabulary"),
+        (lambda: sinkwindow.generate(model, torch.tensor([[5, -1]]), 2), ValueError, "token id -1"),
+        (lambda: sinkwindow.generate(model, [[2, 3, 4]], 2), TypeError, "must be a torch.Tensor"),
+        (lambda: sinkwindow.generate("model", ids, 2), TypeError, "PreTrainedModel"),
+        (lambda: sinkwindow.generate(model, ids, 2, do_sample=True, top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
+        (lambda: sinkwindow.prefill(model, ids.float(), chunk_size=4), ValueError, "integer token ids"),
+        (lambda: sinkwindow.make_cache("model"), TypeError, "PreTrainedModel"),
+    ]  # fmt: skip
+    for call, kind, said in cases:
+        with pytest.raises(kind, match=said):
+            call()
+    if not torch.cuda.is_available():
+        from sinkwindow.models import check_device
+
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            check_device("cuda")

@@ -186,3 +186,35 @@ def test_checkpoint_messages_name_the_methods_asked(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "several (lolcats:256, liger:256)" in err and f"--checkpoint lolcats:256={ckpt}" in err
     assert "lolcats:64" not in err
+
+
+def test_the_second_audit_gets_one_line_errors_from_the_cli(tiny_folder, tmp_path, capsys, monkeypatch):
+    """Cases of the second input audit (benchmarks/input_audit.py) that were tracebacks or taken in silence."""
+    import torch
+
+    monkeypatch.setenv("SINKWINDOW_ALLOW_DIRTY", "1")  # the source may be mid-edit; these runs write no rows
+
+    data = tmp_path / "lm"
+    data.mkdir()
+    cases = [
+        (["eval", "ppl", "--model", str(tiny_folder), "--methods", "full", "--lengths", "16", "--samples",
+          "99999999999999999999", "--out", str(tmp_path / "a")], "must be at most 1,000,000,000,000,000"),
+        (["train", "--model", str(tiny_folder), "--method", "lolcats:8", "--tokens", "99999999999999999999",
+          "--out", str(tmp_path / "b")], "too large a size"),
+        (["bench", "--model", str(tmp_path / "no" / "such"), "--methods", "swa:8:2", "--out", str(tmp_path / "c")],
+         "no model folder or file at"),
+        (["generate", "--model", str(tiny_folder), "--prompt", "w2 w3", "--chat", "--no-progress"],
+         "has no chat template"),
+        (["eval", "lm-eval", "--model", str(tiny_folder), "--methods", "swa:8:2", "--tasks", "mmlu_bogus",
+          "--data-dir", str(data), "--out", str(tmp_path / "d")], "unknown MMLU subject"),
+        (["eval", "lm-eval", "--model", str(tiny_folder), "--methods", "swa:8:2", "--tasks", "arc_easy",
+          "--limit", "piqa=2", "--data-dir", str(data), "--out", str(tmp_path / "e")], "--limit names piqa"),
+    ]  # fmt: skip
+    if not torch.cuda.is_available():
+        cases.append((["bench", "--model", "synthetic", "--device", "cuda", "--out", str(tmp_path / "f")],
+                      "CUDA is not available"))  # fmt: skip
+    for argv, said in cases:
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and said in err and "Traceback" not in err, (argv, err)
+    assert not any((tmp_path / x).exists() for x in "abcdef")

@@ -185,3 +185,14 @@ def test_a_run_that_wrote_nothing_leaves_no_folder(tmp_path):
     with RunLock(tmp_path / "d"):
         pass
     assert (tmp_path / "d").is_dir()  # a folder that was there stays
+
+
+def test_a_perplexity_row_whose_score_disagrees_with_its_nll_is_left_out(tmp_path):
+    # exp(200 / 100) is the perplexity; a hand-edited or damaged score of 1e300 must not be averaged.
+    good, bad = _ppl(0), {**_ppl(1), "score": 1e300}
+    store = _store(tmp_path, {"seed": 0}, [good, bad])
+    reopened = ResultsStore(tmp_path)
+    assert [r["index"] for r in reopened.rows()] == [0]
+    ((line, why),) = reopened.rejected
+    assert line == 2 and "is not exp(nll_sum / n_tokens)" in why
+    assert store is not None

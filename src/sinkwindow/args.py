@@ -113,6 +113,10 @@ _SIZE_RE = re.compile(r"(-?)([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)([kKmM]?)")
 # ---------------------------------------------------------------------------- values
 
 
+# The largest count any flag takes (tokens, samples, steps, ranks): beyond it a value is a typo.
+MAX_SIZE = 10**15
+
+
 def parse_size(text: str) -> int:
     """A token count: ``"4096"`` -> 4096, ``"4k"`` -> 4096, ``"1.5k"`` -> 1536, ``"1M"`` -> 1048576.
 
@@ -130,6 +134,9 @@ def parse_size(text: str) -> int:
     sign = -1 if m.group(1) else 1
     number, unit = m.group(2).replace("_", ""), m.group(3).lower()
     scale = SIZE_UNITS[unit]
+    if len(number.partition(".")[0]) > 16 or int(number.partition(".")[0] or "0") * scale > MAX_SIZE:
+        # More than any run: a typo, which would overflow or allocate its way into a MemoryError later.
+        raise argparse.ArgumentTypeError(f"{text!r} is too large a size: give at most {MAX_SIZE:,} tokens")
     if "." in number:
         # Exact for what people write (1.5k, 0.5M); a fraction of a token is refused below.
         whole, frac = number.split(".")
@@ -209,10 +216,13 @@ def integer(
     """``type=`` for an integer in ``[minimum, maximum]`` (``None``: unbounded on that side)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(str(text).strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{_subject(what)}must be an integer, got {text!r}") from None
+        raw = str(text).strip()
+        # int() also takes "1_000" and non-ASCII digits ("８"): a flag takes plain digits only.
+        if not re.fullmatch(r"[+-]?[0-9]+", raw):
+            raise argparse.ArgumentTypeError(f"{_subject(what)}must be an integer, got {text!r}")
+        value = int(raw)
+        if maximum is None and abs(value) > MAX_SIZE:
+            raise argparse.ArgumentTypeError(f"{_subject(what)}must be at most {MAX_SIZE:,}, got {text!r}")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(
                 f"{_subject(what)}must be {_bounds(minimum, maximum)}, got {value}"
@@ -475,16 +485,14 @@ def resolve_device(name: str) -> str:
     """
     import torch  # noqa: PLC0415 - kept out of parse time
 
+    from .models import check_device
+
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
-        index = int(name.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s); use cuda:0")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps: MPS is not available here; use --device cpu")
+    try:
+        check_device(name)
+    except ValueError as err:
+        raise ValueError(f"--{err}".replace("use cpu", "use --device cpu")) from None
     return name
 
 

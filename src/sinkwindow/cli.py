@@ -40,7 +40,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         args.model, method=args.method, checkpoint=checkpoints.get(args.method), device=device, dtype=dtype
     )
     text = args.prompt
-    if args.chat and getattr(tok, "chat_template", None):
+    if args.chat and not getattr(tok, "chat_template", None):
+        raise ValueError(
+            f"--chat: the tokenizer of {args.model} has no chat template; drop --chat to use the prompt as is"
+        )
+    if args.chat:
         text = tok.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )

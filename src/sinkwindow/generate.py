@@ -25,7 +25,7 @@ from transformers.masking_utils import create_masks_for_generate
 from .cache import SinkWindowCache
 from .masks import token_positions
 from .patch import active_native_sliding, active_spec, apply, check_positions, make_cache
-from .prefill import input_device, prefill
+from .prefill import check_token_ids, input_device, prefill
 from .static_cache import StaticSinkWindowCache
 
 __all__ = ["generate", "DecodeStep", "decode_speed", "select_next"]
@@ -181,8 +181,13 @@ def generate(
     Returns:
         ``[batch, n + max_new_tokens]`` (fewer columns if every row stopped early).
     """
+    check_token_ids(model, input_ids)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0: no top-k filter), got {top_k}")
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(
             f"input_ids must be a non-empty [batch, n] prompt, got shape {tuple(input_ids.shape)}"

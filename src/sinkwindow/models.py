@@ -70,7 +70,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """A name that can only be a path: absolute, relative to . or ~, or with more than one '/'
     (a hub id is exactly ``org/name``). Such a name that does not exist is a missing folder, not a
     hub id to try online."""
@@ -216,6 +216,19 @@ def _save_converted(model, tokenizer, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_device(device: str | torch.device) -> None:
+    """Refuse, before any load, a device this machine does not have (one line naming the fix)."""
+    name = str(device)
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name}: CUDA is not available here (this torch has no GPU); use cpu")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name}: only {torch.cuda.device_count()} CUDA device(s); use cuda:0")
+    elif name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device mps: MPS is not available here; use cpu")
+
+
 def _hub_endpoint() -> str:
     from huggingface_hub import constants
 
@@ -311,6 +324,8 @@ def load(
 
     if device_map is not None:
         device_map = _check_device_map(device_map, device)
+    elif device is not None:
+        check_device(device)
 
     if offline is None:
         offline = os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
@@ -332,7 +347,7 @@ def load(
             )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    elif _looks_like_path(name):
+    elif looks_like_path(name):
         raise FileNotFoundError(
             f"no model folder or file at {path}: give an existing folder, a .gguf file or a hub id"
         )

@@ -695,6 +695,8 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
         static: a ``StaticSinkWindowCache`` of fixed-shape ring buffers (``w`` slots a layer, allocated
             on the first forward) for ``torch.compile``d decoding.
     """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"make_cache takes a transformers PreTrainedModel, got {type(model).__name__}")
     factory = getattr(model, CACHE_FACTORY_ATTR, None)
     if factory is not None:
         # Converted models (the linear baselines) bring their own constant-size cache.

@@ -81,6 +81,33 @@ class PrefillResult:
         return iter((self.logits, self.cache))
 
 
+def check_token_ids(model: PreTrainedModel, input_ids) -> None:
+    """One line for what the embedding would fail on deep inside: not a model, not a tensor of
+    ``[batch, n]`` integer ids, or ids outside the vocabulary (checked once per call, not per forward)."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(
+            f"model must be a transformers PreTrainedModel (sinkwindow.load gives one), got {type(model).__name__}"
+        )
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"input_ids must be a torch.Tensor [batch, n] of token ids, got {type(input_ids).__name__}: "
+            f"use tokenizer(text, return_tensors='pt').input_ids"
+        )
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(
+            f"input_ids must be integer token ids (torch.long), got {input_ids.dtype}: pass the tokenizer's ids"
+        )
+    embeddings = model.get_input_embeddings()
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if vocab is not None and input_ids.numel():
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"input_ids hold token id {bad}, outside the model's vocabulary of {vocab} (ids 0..{vocab - 1})"
+            )
+
+
 def check_context(model: PreTrainedModel, total_length: int, chunk_size: int | None = None) -> None:
     """Raise if the positions the model will see run past what it was trained on.
 
@@ -139,6 +166,7 @@ def prefill(
     Returns:
         ``PrefillResult(logits, cache)``.
     """
+    check_token_ids(model, input_ids)
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if return_logits not in ("last", "all", "none"):

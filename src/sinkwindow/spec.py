@@ -49,6 +49,9 @@ DEFAULT_SINKS = 4
 # has a context anywhere near 2**31 tokens.
 MAX_WINDOW = 2**31 - 1
 
+# A spec's numbers: ASCII digits only (a sign for W and S, so their range check can name the bound).
+_DIGITS = re.compile(r"[0-9]+")
+_INTEGER = re.compile(r"-?[0-9]+")
 _GRAMMAR = (
     "full | swa:W[:S][:absolute|cache][+full:L,L.H,...] | evict:W[:S][:absolute|cache] | linear | lolcats:W | "
     "liger:W, a trained one with @NAME (swa:W:S@NAME, lolcats:W@NAME)"
@@ -94,7 +97,12 @@ class MethodSpec:
             if self.window is not None or self.sinks:
                 raise ValueError(f"'{self.kind}' takes no window or sinks")
             return
-        if self.window is None or not isinstance(self.window, int) or self.window <= 0:
+        if (
+            self.window is None
+            or not isinstance(self.window, int)
+            or isinstance(self.window, bool)
+            or self.window <= 0
+        ):
             example = f"{self.kind}:64" if self.kind in ("lolcats", "liger") else f"{self.kind}:64:4"
             raise ValueError(f"window W must be a positive integer, got {self.window!r} (e.g. {example})")
         if self.window > MAX_WINDOW:
@@ -102,7 +110,7 @@ class MethodSpec:
                 f"window W={self.window} is larger than any context a model can have (max {MAX_WINDOW}): "
                 f"use 'full' for unbounded attention, or a window such as swa:4096:4"
             )
-        if not isinstance(self.sinks, int) or self.sinks < 0:
+        if not isinstance(self.sinks, int) or isinstance(self.sinks, bool) or self.sinks < 0:
             raise ValueError(
                 f"sinks S must be an integer >= 0, got {self.sinks!r} (e.g. swa:64:4, or swa:64:0)"
             )
@@ -296,12 +304,10 @@ def parse_spec(text: str | MethodSpec) -> MethodSpec:
         positions = args.pop()
     ints: list[int] = []
     for a in args:
-        try:
-            ints.append(int(a))
-        except ValueError:
-            raise ValueError(
-                f"malformed method {text!r}: {a!r} is not an integer. Grammar: {_GRAMMAR}"
-            ) from None
+        # Plain ASCII digits only: int() would also take "1_0" and "８" (typos read as windows).
+        if not _INTEGER.fullmatch(a.strip()):
+            raise ValueError(f"malformed method {text!r}: {a!r} is not an integer. Grammar: {_GRAMMAR}")
+        ints.append(int(a))
     if kind in ("lolcats", "liger"):
         if len(ints) != 1:
             raise ValueError(f"malformed method {text!r}: expected {kind}:W (e.g. {kind}:64)")
@@ -336,6 +342,8 @@ def _parse_hybrid(text: str, body: str, units: str) -> MethodSpec:
     for item in (i.strip() for i in items.split(",")):
         layer, dot, h = item.partition(".")
         try:
+            if not _DIGITS.fullmatch(layer.strip()) or (dot and not _DIGITS.fullmatch(h.strip())):
+                raise ValueError(item)
             if dot:
                 heads.append((int(layer), int(h)))
             else:

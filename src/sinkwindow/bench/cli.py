@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .. import args as cli_args
 from .peers import PEER_HELP, is_peer, parse_peer
@@ -243,6 +244,19 @@ def _progress(row: dict) -> None:
         )
 
 
+def _check_models_and_device(args: argparse.Namespace) -> None:
+    """Typos fail now, in one line: a device this machine lacks, a model path that does not exist.
+    (A packaged model that is not installed is skipped with a warning, so one bench can span models.)"""
+    from ..models import looks_like_path
+
+    if args.device is not None:
+        cli_args.resolve_device(args.device)
+    for name in args.model or []:
+        path = Path(name).expanduser()
+        if looks_like_path(name) and not path.exists():
+            raise FileNotFoundError(f"--model {name}: no model folder or file at {path}")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -258,6 +272,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         plots = not args.no_plots
     else:
         config = config_from_args(args)
+        _check_models_and_device(args)
         rows = run_bench(config, on_row=_progress, new_run=args.new_run, redo=args.redo)
         plots = config.plots
     result = write_report(rows, args.out, plots=plots)

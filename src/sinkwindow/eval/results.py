@@ -121,6 +121,9 @@ def row_problem(row: dict) -> str | None:
             return f"nll_sum {row.get('nll_sum')!r} is not a finite number >= 0"
         if not (_number(score) and score > 0):
             return f"perplexity {score!r} is not a finite number > 0"
+        # The perplexity is exp(nll_sum / n_tokens): a score that disagrees was damaged or hand-edited.
+        if abs(math.log(score) - row["nll_sum"] / row["n_tokens"]) > 1e-6 * max(1.0, abs(math.log(score))):
+            return f"perplexity {score!r} is not exp(nll_sum / n_tokens) = {math.exp(min(row['nll_sum'] / row['n_tokens'], 700.0)):.6g}"
         return None
     if not (_number(score) and 0.0 <= score <= 100.0):
         return f"score {score!r} is not a number in [0, 100]"

@@ -159,6 +159,13 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
     tasks = [t for group in args.tasks or [] for t in group] or list(SHORT_TASKS)
     if tasks in (["all"], ["short"]):
         tasks = list(SHORT_TASKS)
+    if isinstance(args.limit, dict):
+        stray = [t for t in args.limit if t != "*" and t not in tasks]
+        if stray:
+            raise ValueError(
+                f"--limit names {', '.join(stray)}, which --tasks does not run ({', '.join(tasks)}): "
+                f"add it to --tasks or drop it from --limit"
+            )
     device, device_map = cli_args.resolve_placement(args.device, args.device_map)
     from ...threads import apply_threads
 

@@ -96,7 +96,15 @@ def resolve_task(task: str, local: bool) -> str:
     if task == "mmlu":
         return "mmlu_local"
     if task.startswith("mmlu_"):
-        return "mmlu_local_" + task[len("mmlu_") :]
+        name = "mmlu_local_" + task[len("mmlu_") :]
+        from .tasks import TASKS_DIR
+
+        if not any((TASKS_DIR / f"{prefix}{name}.yaml").is_file() for prefix in ("", "_")):
+            raise ValueError(
+                f"unknown MMLU subject or category in {task!r}: use mmlu, mmlu_<subject> (e.g. mmlu_astronomy) "
+                f"or mmlu_<category> (mmlu_stem, mmlu_humanities, mmlu_social_sciences, mmlu_other)"
+            )
+        return name
     if task in _local.LOCAL_FILES:
         return f"{task}_local"
     raise ValueError(

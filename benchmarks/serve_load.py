@@ -94,6 +94,9 @@ class Served:
         cmd = [sys.executable, "-m", "sinkwindow.cli", "serve", "--model", model, "--method", method,
                "--port", str(self.port), "--threads", str(threads), "--max-active", str(max_active),
                "--max-queue", "256", "--max-sessions", "4"]  # fmt: skip
+        from sinkwindow.runs.provenance import source_commit
+
+        self.commit = source_commit()  # the code the server imports now, at its start
         self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 600
         while True:
@@ -158,7 +161,7 @@ def load(served: Served, method: str, args, out: Path) -> None:
             "latency_p50_s": round(statistics.median(lat), 3), "latency_p95_s": round(lat[math.ceil(0.95 * len(lat)) - 1], 3),
             "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
             "errors": sum(r["status"] != 200 for r in results), "threads": args.threads,
-            "server": _call(served.port, "GET", "/health")[1],
+            "server": _call(served.port, "GET", "/health")[1], "server_commit": served.commit,
         })  # fmt: skip
 
 
@@ -177,7 +180,8 @@ def session(served: Served, method: str, limit: int, args, out: Path) -> None:
         fed, k = info["tokens"], k + 1
         _write(out, {"part": "session", "method": method, "session_tokens": fed, "kv_cache_bytes": info["kv_cache_bytes"],
                      "server_rss_bytes": _rss(served.proc.pid), "request_s": round(time.perf_counter() - t0, 3),
-                     "chunk_tokens": args.chunk_tokens, "threads": args.threads})  # fmt: skip
+                     "chunk_tokens": args.chunk_tokens, "threads": args.threads,
+                     "server_commit": served.commit})  # fmt: skip
 
 
 def main() -> int:

@@ -141,6 +141,11 @@ def test_the_second_audit_gets_one_line_errors_from_the_api():
         (lambda: sinkwindow.generate(model, ids, 2, do_sample=True, top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
         (lambda: sinkwindow.prefill(model, ids.float(), chunk_size=4), ValueError, "integer token ids"),
         (lambda: sinkwindow.make_cache("model"), TypeError, "PreTrainedModel"),
+        (lambda: sinkwindow.generate(model, ids, 2.5), TypeError, "max_new_tokens must be an int"),
+        (lambda: sinkwindow.generate(model, ids, 2, eos_token_id="w1"), TypeError, "eos_token_id must be a token id"),
+        (lambda: sinkwindow.prefill(model, ids, chunk_size=2.5), TypeError, "chunk_size must be an int"),
+        (lambda: sinkwindow.prefill(model, ids, chunk_size="8"), TypeError, "chunk_size must be an int"),
+        (lambda: sinkwindow.load("smollm2-135m", checkpoint="x.safetensors"), ValueError, "without a method"),
     ]  # fmt: skip
     for call, kind, said in cases:
         with pytest.raises(kind, match=said):

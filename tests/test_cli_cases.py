@@ -218,3 +218,29 @@ def test_the_second_audit_gets_one_line_errors_from_the_cli(tiny_folder, tmp_pat
         err = capsys.readouterr().err
         assert rc == 2 and said in err and "Traceback" not in err, (argv, err)
     assert not any((tmp_path / x).exists() for x in "abcdef")
+
+
+def test_the_second_audit_flags_overridden_in_silence_and_unnamed_files(tiny_folder, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\n{torn\n')
+    text = tmp_path / "file.txt"
+    text.write_text("not a model\n")
+    train = ["train", "--model", str(tiny_folder), "--out", str(tmp_path / "t")]
+    cases = [
+        ([*train, "--method", "lolcats:8", "--no-finetune", "--finetune-tokens", "2k"], "--no-finetune skips stage 2"),
+        ([*train, "--method", "lolcats:8", "--paper-budget", "--tokens", "1k"], "drop --tokens"),
+        ([*train, "--method", "liger:8", "--transfer-tokens", "2k"], "no attention-transfer stage"),
+        ([*train, "--method", "lolcats:8", "--data", str(bad), "--tokens", "1k"], f"{bad}:2 is not a JSON row"),
+        (["generate", "--model", str(text), "--prompt", "w2", "--no-progress"], "is a file but not a model"),
+        (["tune", "--model", str(tiny_folder), "--kv-budget", "64KiB", "--context", "256", "--task", "niah",
+          "--calib-length", "4k", "--out", str(tmp_path / "u")], "--calib-length 4096 is beyond the model's 1024"),
+        (["tune", "--model", str(tiny_folder), "--kv-budget", "64KiB", "--context", "256", "--task", "niah",
+          "--seed", "8000000", "--heldout-seed", "8000000", "--out", str(tmp_path / "u")], "--heldout-seed 8000001"),
+        (["--method", "swa:8:2", "generate"], "options go after it"),
+        (["serve", "--model", str(tiny_folder), "--threads", "1000000"], "between 1 and 4096"),
+    ]  # fmt: skip
+    for argv, said in cases:
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and said in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "t").exists() and not (tmp_path / "u").exists()

@@ -196,3 +196,12 @@ def test_a_perplexity_row_whose_score_disagrees_with_its_nll_is_left_out(tmp_pat
     ((line, why),) = reopened.rejected
     assert line == 2 and "is not exp(nll_sum / n_tokens)" in why
     assert store is not None
+
+
+def test_a_torn_last_line_cut_on_resume_is_not_reported_as_skipped(tmp_path):
+    _store(tmp_path, {"seed": 0}, [_niah(0)])
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"task": "niah_single_1", "meth')  # a kill mid-append
+    writer = ResultsStore(tmp_path, {"model": "m"}, settings={"seed": 0})
+    assert writer.skipped_lines == 0 and len(writer) == 1  # cut off, not "skipped": its sample runs again
+    assert ResultsStore(tmp_path).skipped_lines == 0

@@ -675,7 +675,8 @@ def add_threads(
 ) -> None:
     """``--threads N``; commands that choose a count when it is not given (``sinkwindow.threads``:
     ``bench``, ``eval``, ``compare``) say so with ``help=THREADS_HELP``."""
-    p.add_argument("--threads", type=integer(1, what="--threads"), default=None, help=help)
+    # 4096: more than any machine's cores; a typo beyond it would start that many threads.
+    p.add_argument("--threads", type=integer(1, 4096, what="--threads"), default=None, help=help)
 
 
 def add_no_progress(p: argparse.ArgumentParser) -> None:

@@ -243,12 +243,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
+
+
 def _run(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(cli_args.join_negative_values(argv))
     except SystemExit as exit_:  # usage errors (argparse's own message, exit 2) and --help
-        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+        commands = set(_subcommands(parser))
+        first = next((a for a in argv if not a.startswith("-")), None)
+        if code == 2 and argv and argv[0].startswith("-") and first not in commands and commands & set(argv):
+            # "sinkwindow --method swa:64:4 generate": argparse blames the value, not the order.
+            print("sinkwindow: hint: a command's options go after it, e.g. sinkwindow generate --method swa:64:4",
+                  file=sys.stderr)  # fmt: skip
+        return code
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

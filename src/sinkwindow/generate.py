@@ -140,6 +140,11 @@ class DecodeStep:
         return out.logits[:, -1]
 
 
+def _check_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+
+
 @torch.no_grad()
 def generate(
     model: PreTrainedModel,
@@ -182,6 +187,14 @@ def generate(
         ``[batch, n + max_new_tokens]`` (fewer columns if every row stopped early).
     """
     check_token_ids(model, input_ids)
+    _check_int("max_new_tokens", max_new_tokens)
+    _check_int("chunk_size", chunk_size)
+    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        ids = [value] if not isinstance(value, list | tuple) else list(value)
+        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise TypeError(
+                f"{name} must be a token id (int) or a list of them, got {value!r}: use tokenizer.eos_token_id"
+            )
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if top_p is not None and not 0.0 < top_p <= 1.0:

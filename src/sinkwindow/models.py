@@ -326,6 +326,11 @@ def load(
         device_map = _check_device_map(device_map, device)
     elif device is not None:
         check_device(device)
+    if checkpoint is not None and method is None:
+        raise ValueError(
+            f"checkpoint={str(checkpoint)!r} without a method: give the trained method it holds, e.g. "
+            f"load(name, method='lolcats:256', checkpoint=...)"
+        )
 
     if offline is None:
         offline = os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
@@ -347,6 +352,10 @@ def load(
             )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(path)
+    elif path.is_file():
+        raise FileNotFoundError(
+            f"{path} is a file but not a model: give a .gguf file, a saved model folder (with config.json) or a hub id"
+        )
     elif looks_like_path(name):
         raise FileNotFoundError(
             f"no model folder or file at {path}: give an existing folder, a .gguf file or a hub id"

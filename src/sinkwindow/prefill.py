@@ -167,6 +167,8 @@ def prefill(
         ``PrefillResult(logits, cache)``.
     """
     check_token_ids(model, input_ids)
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool):
+        raise TypeError(f"chunk_size must be an int (tokens per forward), got {chunk_size!r}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if return_logits not in ("last", "all", "none"):

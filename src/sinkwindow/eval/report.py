@@ -177,7 +177,9 @@ def write_report(
         )
     if store is None:
         store = ResultsStore(run)
-    rows, lm_rows, foreign = long_context_rows(store.rows())
+    rows, lm_rows, _ = long_context_rows(store.rows())
+    # Rows of no known shape belong to no cell, so a run's selection never covers them: count them all.
+    foreign = long_context_rows(store.all_rows())[2]
     notes = _skip_notes(store.path, store.skipped_lines, foreign, store.rejected)
     if store.selection is not None:
         # A staged folder (say 30 samples, then a run asking for 10) holds rows this run did not ask

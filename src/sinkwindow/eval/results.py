@@ -264,10 +264,11 @@ class ResultsStore:
         if writer and not new_run:
             _refuse_foreign_files(self.dir)
         merged = check_resume(self.dir, settings) if settings is not None else None
+        if writer:
+            # First: a torn last line cut off now is gone, not "skipped", and its sample runs again.
+            repair_tail(self.path)
         rows, lines, bad = read_jsonl_lines(self.path)
         self.skipped_lines = len(bad)
-        if writer:
-            repair_tail(self.path)
         recorded = read_settings(self.dir)
         # Settings count only with rows: they are recorded when this run stores its first row, so a
         # run that fails or is stopped before finishing a sample leaves no record that would refuse

@@ -141,8 +141,8 @@ def read_metadata(path: str | os.PathLike) -> dict:
             raw = (f.metadata() or {}).get(META_KEY)
     except Exception as err:  # noqa: BLE001 - SafetensorError and OSError alike: the file is unusable
         raise ValueError(
-            f"{p} is not a readable safetensors checkpoint ({type(err).__name__}: {err}); it is empty or "
-            f"truncated: export or train it again"
+            f"{p} is not a readable safetensors checkpoint ({type(err).__name__}: {err}): it is not a "
+            f"safetensors file, or it is damaged (empty, truncated); give a checkpoint that sinkwindow train wrote"
         ) from err
     if raw is None:
         raise ValueError(f"{p} is not a sinkwindow linear-baseline checkpoint (no {META_KEY!r} metadata)")
@@ -248,8 +248,9 @@ def load_linear(
         shipped = ", ".join(f"{Path(a['path']).stem.replace('--', ' ')}" for a in list_adapters()) or "none"
         raise ValueError(
             f"'{spec}' is a trained baseline and none ships for {model_name or 'this model'} (shipped: {shipped}): "
-            f"train it with `sinkwindow train --model <model> --method {spec} --tokens 1M "
-            f"--out runs/{str(spec).replace(':', '')}`, then pass checkpoint=<that folder> (CLI: --checkpoint)"
+            f"train it with `sinkwindow train --model <model> --method {spec.without_adapter} --tokens 1M "
+            f"--out runs/{str(spec.without_adapter).replace(':', '')}`, then pass checkpoint=<that folder> "
+            f"(CLI: --checkpoint)"
         )
     meta = read_metadata(checkpoint)
     if parse_spec(meta["spec"]) != spec.without_adapter:

@@ -28,6 +28,7 @@ FEATURE_MAP_NAMES = ("hedgehog", "hedgehog_exp", "t2r")
 # A token count, k = 1024 and M = 1024**2 like every size of the CLI: "1M" is 1,048,576 tokens.
 # (Before the shared vocabulary it meant 10**6 here; write 1000000 to get that exact budget.)
 parse_tokens = cli_args.size(0, what="token count")
+DEFAULT_TOKENS = 2**20  # --tokens when not given: 1M
 
 
 def _data_source(text: str) -> str:
@@ -64,6 +65,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .trainer import recipe_for
 
     single_stage = recipe_for(str(spec)).stages == ("finetune",)
+    # Flags that another flag would override in silence are refused instead.
+    given = [f for f, v in (("--tokens", args.tokens), ("--transfer-tokens", args.transfer_tokens),
+                            ("--finetune-tokens", args.finetune_tokens)) if v is not None]  # fmt: skip
+    if args.paper_budget and given:
+        raise ValueError(
+            f"--paper-budget sets the token budget itself: drop {', '.join(given)}, or --paper-budget"
+        )
+    if args.no_finetune and args.finetune_tokens is not None:
+        raise ValueError(
+            "--no-finetune skips stage 2, so --finetune-tokens would not be used: drop one of them"
+        )
+    if single_stage and args.transfer_tokens is not None:
+        raise ValueError(f"{spec} has no attention-transfer stage (one LoRA stage): drop --transfer-tokens")
+    if single_stage and args.no_finetune:
+        raise ValueError(
+            f"{spec} trains in its one LoRA stage only: --no-finetune would leave nothing to train"
+        )
+    args.tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
     if args.paper_budget:
         transfer, finetune = (0 if single_stage else PAPER_TOKENS), PAPER_TOKENS
     elif single_stage:
@@ -159,9 +178,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--tokens",
         type=cli_args.size(1, what="--tokens"),
-        default="1M",
+        default=None,
         help=f"total training tokens, split 1:2 between the stages; {cli_args.SIZE_HELP}, so 1M = 1,048,576 "
-        "(default: %(default)s)",
+        "(default: 1M)",
     )
     p.add_argument(
         "--transfer-tokens", type=parse_tokens, default=None, help="stage-1 tokens (overrides the split)"

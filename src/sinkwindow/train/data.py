@@ -110,13 +110,35 @@ def pack(samples: list[tuple[list[int], list[int]]], seq_len: int) -> tuple[torc
 
 
 def _read_rows(path: Path) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
+    """Rows of a ``.json`` list or a JSON-lines file; a bad line is named by file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{path} is not UTF-8 text: give a .jsonl/.json file of rows (or .txt text)"
+        ) from None
     if path.suffix == ".json":
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path} is not JSON ({err.msg} at line {err.lineno}): give a JSON list of rows"
+            ) from None
         if not isinstance(rows, list):
             raise ValueError(f"{path}: expected a JSON list of rows")
         return rows
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}:{number} is not a JSON row ({err.msg}): training data is one JSON object per line "
+                f"(alpaca: instruction/input/output), or a .txt file of plain text"
+            ) from None
+    return rows
 
 
 def _chunk_text(tokenizer, text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

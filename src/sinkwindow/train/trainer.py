@@ -608,12 +608,9 @@ def train_baseline(
         transfer_tokens = 0
     convert_options = _convert_options(spec, convert_options)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # One writer per run folder: two trainers on one folder would interleave their saves.
+    # One writer per run folder: two trainers on one folder would interleave their saves. (A run
+    # refused below, e.g. on unreadable data, leaves no folder: RunLock removes one it made empty.)
     with RunLock(out):
-        start_session(
-            out, device=next(model.parameters()).device.type, spec=str(spec), threads=torch.get_num_threads()
-        )
         t_start = time.perf_counter()
         packed = load_training_data(
             tokenizer,
@@ -621,6 +618,9 @@ def train_baseline(
             seq_len=seq_len,
             max_train_tokens=max(transfer_tokens, finetune_tokens),
             val_chunks=val_batches,
+        )
+        start_session(
+            out, device=next(model.parameters()).device.type, spec=str(spec), threads=torch.get_num_threads()
         )
         config = {
             "spec": str(spec),

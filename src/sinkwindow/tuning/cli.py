@@ -66,6 +66,20 @@ def _seed_flag(p: argparse.ArgumentParser, flag: str, default: int, help: str) -
     )
 
 
+def _max_positions(model: str) -> int | None:
+    """The model's trained positions, read from its config before the weights load (None: unknown)."""
+    from ..models import model_config
+
+    try:
+        cfg = model_config(model)
+    except Exception:  # noqa: BLE001 - an unknown or unreadable model fails in load() with its own message
+        return None
+    if cfg is None:
+        return None
+    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "max_position_embeddings", None)
+
+
 def _load(args):
     import torch
 
@@ -128,6 +142,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--context {args.context} is too short for {args.task}: give at least {least} tokens"
         )
+    limit = _max_positions(args.model)
+    for flag, value in (("--context", args.context), ("--calib-length", args.calib_length)):
+        if limit is not None and value is not None and value > limit:
+            raise ValueError(
+                f"{flag} {value} is beyond the model's {limit} positions (max_position_embeddings): give at most {limit}"
+            )
     if args.calib_length is not None and args.calib_length < CALIBRATE_MIN_LENGTH:
         raise ValueError(
             f"--calib-length must be >= {CALIBRATE_MIN_LENGTH} tokens (an S-NIAH prompt), got {args.calib_length}"

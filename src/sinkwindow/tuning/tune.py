@@ -444,7 +444,7 @@ def check_seeds(seed: int, heldout_seed: int) -> None:
     if seed == heldout_seed:
         raise ValueError(
             f"the calibration and held-out seeds are both {seed}: the held-out samples must differ from "
-            f"the ones the search selects on; use e.g. --heldout-seed {HELDOUT_SEED}"
+            f"the ones the search selects on; use e.g. --heldout-seed {HELDOUT_SEED if seed != HELDOUT_SEED else seed + 1}"
         )
 
 

@@ -167,10 +167,12 @@ def load(served: Served, method: str, args, out: Path) -> None:
 
 def session(served: Served, method: str, limit: int, args, out: Path) -> None:
     fed, k = 0, 0
-    while fed + args.chunk_tokens + 2 <= limit:
+    # Until the stream reaches the limit: the last request is cut to fit (full attention's positions).
+    while fed < limit - 2:
+        chunk = min(args.chunk_tokens, limit - fed - 2)
         t0 = time.perf_counter()
         status, reply = _call(served.port, "POST", "/v1/completions", {
-            "model": args.model, "prompt": _prompt_ids(args.chunk_tokens, 1000 + k), "max_tokens": 1,
+            "model": args.model, "prompt": _prompt_ids(chunk, 1000 + k), "max_tokens": 1,
             "temperature": 0, "session_id": "long",
         })  # fmt: skip
         if status != 200:

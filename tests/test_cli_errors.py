@@ -142,7 +142,7 @@ BAD_INPUTS = [
     (["bench", "--contexts", "12x"], "bad context"),
     (["bench", "--contexts", "0"], "contexts must be positive"),
     (["bench", "--steps", "0"], "must be >= 1"),
-    (["bench", "--threads", "0"], "must be >= 1"),
+    (["bench", "--threads", "0"], "must be between 1 and 4096"),
     (["bench", "--time-cap", "-1"], "finite number > 0"),
     (["bench", "--mem-budget-gib", "nan"], "finite number > 0"),
     (["bench", "--methods", "swa:64:4,nope"], "unknown method"),
@@ -241,7 +241,10 @@ def test_every_subcommand_reads_sizes_the_same_way(tmp_path):
     assert parser.parse_args(["eval", "babilong", "--lengths", "0,2k", "--out", out]).lengths == [0, 2048]
     assert parser.parse_args(["bench", "--contexts", "1k,1M"]).contexts == (1024, 2**20)
     assert parser.parse_args(["train", "--tokens", "1M"]).tokens == 2**20
-    assert parser.parse_args(["train"]).tokens == 2**20  # the default "1M" is the same 1M
+    # Not given, --tokens is None (so a flag that sets the budget itself can refuse it) and means 1M.
+    from sinkwindow.train.cli import DEFAULT_TOKENS
+
+    assert parser.parse_args(["train"]).tokens is None and DEFAULT_TOKENS == 2**20
     assert parse_contexts("8k") == (parse_tokens("8k"),) == (cli_args.parse_size("8192"),)
 
 

@@ -235,6 +235,15 @@ def test_tune_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_p
     for name in ("frontier.json", "frontier.png", "tune.json"):
         assert (out / name).is_file()
     assert "torch" in json.loads((out / "tune.json").read_text())["provenance"]["versions"]
+    # Ranked by trained gates instead: the same run folder, the earlier files moved aside.
+    rc = main(["tune", "--model", str(eval_pair_folder), "--kv-budget", "80KB", "--context", "512", "--task",
+               "niah_single_1", "--windows", "32,64", "--units", "head", "--criterion", "gates", "--samples", "1",
+               "--heldout-samples", "1", "--calib-samples", "1", "--out", str(out), "--no-progress",
+               "--threads", "1"])  # fmt: skip
+    assert rc == 0
+    saved = json.loads((out / "tune.json").read_text())
+    assert saved["settings"]["criterion"] == "gates" and any(out.glob("previous-*/tune.json"))
+    assert all("gates" in s for s in saved["unit_scores"].values())
 
 
 @pytest.mark.parametrize(

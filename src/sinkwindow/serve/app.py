@@ -86,9 +86,7 @@ class _Server:
     # ------------------------------------------------------------------ generation
 
     def _tokens(self, req: GenerationRequest) -> list[int]:
-        continuing = req.session is not None and any(
-            s["id"] == req.session and s["tokens"] for s in self.engine.sessions.rows()
-        )
+        continuing = req.session is not None and self.engine.sessions.tokens_seen(req.session) > 0
         if req.chat:
             if not getattr(self.tok, "chat_template", None):
                 raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions")

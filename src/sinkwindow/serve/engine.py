@@ -161,10 +161,8 @@ class Engine:
         """Refuse a request whose positions run past the model's (``ValueError``, one line)."""
         if self.spec.positions == "cache":
             return
-        seen = 0
-        if job.session is not None:
-            existing = next((s for s in self.sessions.rows() if s["id"] == job.session), None)
-            seen = existing["tokens"] + 1 if existing else 0  # + the pending token
+        seen = self.sessions.tokens_seen(job.session) if job.session is not None else 0
+        seen += 1 if seen else 0  # + the pending token
         check_positions(self.model, seen + len(job.prompt) + job.max_new_tokens)
 
     def submit(self, job: Job) -> None:

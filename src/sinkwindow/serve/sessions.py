@@ -122,6 +122,12 @@ class SessionStore:
                 out.append(self._evict(s, f"sessions' KV caches over --kv-budget {self.kv_budget} bytes"))
         return out
 
+    def tokens_seen(self, session_id: str) -> int:
+        """Tokens the session's cache has seen (0 for an unknown session), without measuring caches."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            return 0 if s is None else s.tokens
+
     def rows(self) -> list[dict]:
         with self._lock:
             return [s.row() for s in self._sessions.values()]

@@ -86,9 +86,6 @@ BASE_ENV = {
 }
 
 
-# ---------------------------------------------------------------------------- cases
-
-
 @dataclass
 class Case:
     """One input. ``argv`` (a CLI command line without the program) or ``code`` (Python, API cases).
@@ -886,8 +883,6 @@ def conflict_cases() -> list[Case]:
     return c
 
 
-# ---------------------------------------------------------------------------- API
-
 API_PRELUDE = """
 import torch, sinkwindow
 def tiny():
@@ -1177,9 +1172,6 @@ def api_cases() -> list[Case]:
     return c
 
 
-# ---------------------------------------------------------------------------- run folders
-
-
 def _copy_run(to: Path, edit: Callable[[Path], None] | None = None, paths: Paths | None = None) -> None:
     assert paths is not None
     if to.exists():
@@ -1373,8 +1365,6 @@ def _run_check(key: str, action: str) -> Callable[[Result], str | None]:
     return check
 
 
-# ---------------------------------------------------------------------------- real model
-
 REAL_CASES = [
     Case(id="real-generate-lolcats-no-adapter", category="real",
          argv=["generate", "--method", "lolcats:64", "--prompt", "Hi", "--max-new-tokens", "2", "--no-progress"],
@@ -1393,9 +1383,6 @@ REAL_CASES = [
          argv=["generate", "--method", "swa:64:4", "--dtype", "float16", "--prompt", "Hi", "--max-new-tokens", "3",
                "--chat", "--no-progress"], expect="either", names=("float16", "cpu")),
 ]  # fmt: skip
-
-
-# ---------------------------------------------------------------------------- running
 
 
 def setup_fixtures(paths: Paths, runner: Runner) -> None:

@@ -52,9 +52,6 @@ def _direct_answer_nll(model, prompt) -> float:
     return float(-lp.gather(-1, prompt.answer_ids[0][:, None]).mean())
 
 
-# ---------------------------------------------------------------------------- units and specs
-
-
 def test_unit_labels_round_trip_and_complete_layers_merge(pair):
     model = pair[0]
     layers = model_units(model.config, "layer")
@@ -83,9 +80,6 @@ def test_calibration_prompts_use_a_seed_no_evaluation_uses(pair):
     assert not set(cal_values) & evals
     for p in cal:
         assert p.n_tokens <= LENGTH  # the answer fits the 128-token budget the prompt was sized with
-
-
-# ---------------------------------------------------------------------------- the criteria
 
 
 def test_nll_gain_equals_a_direct_computation(pair, prompts):
@@ -222,9 +216,6 @@ def test_mass_of_a_uniform_layer_is_the_share_of_dropped_keys(prompts):
         want += float(((i - (w - s) - s + 1).clamp(min=0) / (i + 1)).mean()) / len(prompts)
     torch.testing.assert_close(got[1], torch.full((2,), want, dtype=torch.float64), atol=1e-6, rtol=0)
     assert bool((got >= 0).all() and (got <= 1).all())
-
-
-# ---------------------------------------------------------------------------- selection
 
 
 def test_select_units_keeps_the_top_k_and_breaks_ties_by_unit_order():
@@ -375,9 +366,6 @@ def test_json_and_plot_are_written(pair, tmp_path):
         assert saved["spec"] == res.spec and saved["scores"]["mass"] == res.scores["mass"]
         assert saved["seed"] == CAL_SEED and "nll" not in saved["scores"]
         assert (tmp_path / by / "calibrate.png").stat().st_size > 1000 and paths["png"].endswith(".png")
-
-
-# ---------------------------------------------------------------------------- the command
 
 
 def test_calibrate_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_path, capsys):

@@ -206,9 +206,6 @@ def test_stock_lm_eval_entry_point_reports_a_missing_data_dir_in_one_line(place,
     assert "no such folder" in err and _tree(place) == before
 
 
-# ---------------------------------------------------------------------------- sizes: one meaning of k
-
-
 @pytest.mark.parametrize(
     "text,tokens",
     [
@@ -248,9 +245,6 @@ def test_every_subcommand_reads_sizes_the_same_way(tmp_path):
     assert parse_contexts("8k") == (parse_tokens("8k"),) == (cli_args.parse_size("8192"),)
 
 
-# ---------------------------------------------------------------------------- method lists
-
-
 def test_methods_are_comma_separated_and_repeatable_canonical_and_replace_the_default(tmp_path):
     parser = build_parser()
     out = ["--out", str(tmp_path / "r")]
@@ -266,9 +260,6 @@ def test_methods_are_comma_separated_and_repeatable_canonical_and_replace_the_de
     assert parser.parse_args(["bench", "--methods", "linear,lolcats:64"]).methods == ["linear", "lolcats:64"]
     # The default list object is never changed by a parse.
     assert parser.parse_args(["eval", "ppl", *out]).methods == ["full", "swa:64:4"]
-
-
-# ---------------------------------------------------------------------------- checkpoints
 
 
 def test_checkpoint_parser(place):
@@ -304,9 +295,6 @@ def test_one_checkpoint_parser_for_every_subcommand(place):
     ):
         args = parser.parse_args([*argv, "--checkpoint", f"lolcats:64={ck}", "--checkpoint", ck])
         assert args.checkpoint == [("lolcats:64", ck), (None, ck)], argv
-
-
-# ---------------------------------------------------------------------------- the handler
 
 
 def test_debug_shows_the_traceback_before_or_after_the_subcommand(place):
@@ -399,9 +387,6 @@ def test_multi_line_messages_become_one_line(monkeypatch, capsys):
     _with_command(monkeypatch, multi)
     assert main(["models"]) == 2
     assert capsys.readouterr().err == "sinkwindow: error: first part second part: do this\n"
-
-
-# ---------------------------------------------------------------------------- JSON lines, constants
 
 
 def _last_json(text: str) -> dict:

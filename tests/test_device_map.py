@@ -150,9 +150,6 @@ def test_check_passes_on_an_offloaded_model(tiny_folder, offload_file, capsys):
     assert rc == 0 and report["ok"], report
 
 
-# ---------------------------------------------------------------------------- runs and fingerprints
-
-
 def test_device_map_kind():
     assert device_map_kind({"": "cpu"}) == "cpu"
     assert device_map_kind(OFFLOAD) == "cpu"  # disk weights compute on the CPU here
@@ -214,9 +211,6 @@ def test_eval_with_a_device_map_resumes_a_run_made_on_one_device(tiny_folder, tm
     assert main([*common, "--device", "cpu"]) == 0  # same fingerprint: nothing to redo
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"] == len(rows) == 2
     assert [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()] == rows
-
-
-# ---------------------------------------------------------------------------- command-line errors
 
 
 def _one_error_line(err: str) -> str:

@@ -95,9 +95,6 @@ LENGTHS = (1, 15, 17, 50, 133)  # none a multiple of the default chunk (16) exce
 WINDOWS = (1, 5, 16)
 
 
-# ------------------------------------------------------------------------------------------- kernels
-
-
 @pytest.mark.parametrize(
     ("T", "C"), [pytest.param(T, C, id=f"T{T}-C{C}") for T, C in itertools.product(LENGTHS, (1, 5, 16, 64))]
 )
@@ -326,8 +323,6 @@ def test_unrotate_half_inverts_rope_with_scaling_and_partial_rotary() -> None:
         close(unrotate_half(rotated, cos, sin), x, atol=1e-14)
         assert (rotated - x).abs().max() > 1e-2
 
-
-# ----------------------------------------------------------------------------------------- the model
 
 W = 8
 T = 37  # not a multiple of W or of the GLA chunk

@@ -191,9 +191,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return tiny_char_model(tmp_path_factory.mktemp("tiny-char-llama"))
 
 
-# ---------------------------------------------------------------------------- task configs
-
-
 def _docs(task):
     return list(task.test_docs() if task.has_test_docs() else task.validation_docs())
 
@@ -315,9 +312,6 @@ def test_resolve_task_names():
     assert constants.canonical("mmlu_local_anatomy") == "mmlu_anatomy"
     with pytest.raises(ValueError, match="no offline config"):
         lmeval.resolve_task("lambada", local=True)
-
-
-# ---------------------------------------------------------------------------- running
 
 
 def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_path):
@@ -795,9 +789,6 @@ def test_console_script_is_declared():
     assert scripts["sinkwindow-lm-eval"] == "sinkwindow.eval.lmeval:cli_evaluate"
 
 
-# ---------------------------------------------------------------------------- the table
-
-
 def _row(task, method, value, metric=None, n=100, **extra):
     metric = metric or lmeval.headline_metric(task)
     other = "acc" if metric == "acc_norm" else "acc_norm"
@@ -949,9 +940,6 @@ def test_recovery_table_pairs_items_by_id_and_skips_rows_without_items():
     assert lin["recovery_ci"]["piqa"] is not None and lin["recovery_ci"]["arc_easy"] is None
     assert lin["average_recovery_ci"] is None and lin["average_ci"] is None  # one task lacks items
     assert "Hedgehog (40M tokens) 36.9 / 73.9" in md
-
-
-# ---------------------------------------------------------------------------- the real model
 
 
 @pytest.mark.slow

@@ -398,9 +398,6 @@ def test_out_pointing_at_a_file_is_refused_in_one_line(tiny_pair, checkpoints, t
     assert target.read_text() == "x"
 
 
-# -------------------------------------------------------------------------------------- model identity
-
-
 def test_model_identity_of_a_folder_follows_its_files(tiny_pair, tmp_path):
     model, tok = tiny_pair
     model.save_pretrained(tmp_path / "m")
@@ -439,9 +436,6 @@ def test_hub_model_is_its_revision(tiny_pair):
     model.config._commit_hash = "0123abcd"
     assert model_identity("org/some-model", model) == "revision:0123abcd"
     assert fingerprint.model_identity("not-a-model-name") == "unknown"
-
-
-# ----------------------------------------------------------------------------------------------- locks
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
@@ -526,9 +520,6 @@ def test_two_processes_one_folder_the_second_names_the_first(tiny_pair, tmp_path
     assert first.returncode == 0, (tmp_path / "first.log").read_text()[-2000:]
     rows = ResultsStore(run).rows()
     assert sorted(row_key(r) for r in rows) == sorted({row_key(r) for r in rows}) and len(rows) == 2
-
-
-# ------------------------------------------------------------------------- corrupt and foreign rows
 
 
 def _niah_row(index: int, score: float = 100.0, method: str = "full") -> dict:

@@ -92,7 +92,10 @@ def test_busy_cores_falls_back_to_the_load_average(monkeypatch):
     assert threads.busy_cores() == 1.7
 
 
-def test_apply_threads_decides_once_and_prints_once(monkeypatch, capsys):
+def test_apply_threads_decides_once_and_says_so_once(monkeypatch, capsys):
+    from sinkwindow.notices import show_notices
+
+    show_notices()  # what the CLI does; a library caller sees nothing unless it configures logging
     monkeypatch.setattr(threads, "_CHOSEN", None)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     before = torch.get_num_threads()

@@ -47,9 +47,6 @@ def _brute_front(points):
     return keep
 
 
-# ---------------------------------------------------------------------------- pure pieces
-
-
 def test_byte_sizes():
     assert byte_size("24MiB") == 24 * 2**20
     assert byte_size("512KiB") == 512 * 1024
@@ -114,9 +111,6 @@ def test_measure_scores_with_the_runner_and_a_wilson_interval(pair):
     m = measure(model, tok, "swa:64:4", "niah_single_1", CONTEXT, 3, CAL_SEED)
     assert m.n == 3 and m.metric == "accuracy" and 0.0 <= m.lo <= m.score <= m.hi <= 1.0
     assert m.seed == CAL_SEED and set(m.per_task) == {"niah_single_1"}
-
-
-# ---------------------------------------------------------------------------- the search
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +206,6 @@ def test_ppl_search_uses_disjoint_windows(pair):
     m = res.heldout[res.best]
     assert m.metric == "neg_nll" and m.lo <= m.score <= m.hi and m.windows == windows["heldout"]
     assert torch.isfinite(torch.tensor(m.score))
-
-
-# ---------------------------------------------------------------------------- the command
 
 
 def test_tune_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_path, capsys):

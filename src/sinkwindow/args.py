@@ -110,9 +110,6 @@ _EXTRAS = {
 _SIZE_RE = re.compile(r"(-?)([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)([kKmM]?)")
 
 
-# ---------------------------------------------------------------------------- values
-
-
 # The largest count any flag takes (tokens, samples, steps, ranks): beyond it a value is a typo.
 MAX_SIZE = 10**15
 
@@ -529,9 +526,6 @@ def resolve_placement(
     return (None if device_name is None else resolve_device(device_name)), None
 
 
-# ---------------------------------------------------------------------------- flags
-
-
 def add_model(p: argparse.ArgumentParser, *, default: str = DEFAULT_MODEL) -> None:
     """``--model``: a packaged name, hub id, folder or ``.gguf`` path."""
     p.add_argument(
@@ -766,9 +760,6 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
-# ---------------------------------------------------------------------------- errors
-
-
 _NEGATIVE_VALUE = re.compile(r"-\.?[0-9]")
 
 
@@ -827,8 +818,12 @@ def run_reporting_errors(fn: Callable[[], int | None], *, prog: str, debug: bool
     """Run ``fn`` and turn user errors into ``PROG: error: <one line>`` and exit code 2.
 
     Ctrl-C gives exit code 130. With ``debug`` both are re-raised with their traceback; other
-    exceptions (bugs) always are.
+    exceptions (bugs) always are. A command's notices (``sinkwindow.notices``: threads chosen,
+    training progress) are shown on stderr while it runs.
     """
+    from .notices import show_notices
+
+    show_notices()
     try:
         return int(fn() or 0)
     except KeyboardInterrupt:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 from typing import NamedTuple
+
+from .notices import NOTICES
 
 __all__ = [
     "ThreadChoice",
@@ -163,7 +164,7 @@ def apply_threads(requested: int | None = None, *, quiet: bool = False) -> Threa
     choice = choose_threads(requested)
     torch.set_num_threads(choice.threads)
     if not quiet:
-        print(choice.describe(), file=sys.stderr, flush=True)
+        NOTICES.info(choice.describe())
     _CHOSEN = choice
     return choice
 

@@ -387,9 +387,6 @@ def run_settings(config, model=None) -> dict[str, Any]:
     return settings
 
 
-# ---------------------------------------------------------------------------- lm-eval runs
-
-
 def _lmeval_version() -> str:
     import importlib.metadata as md
 

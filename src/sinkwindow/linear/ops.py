@@ -650,7 +650,6 @@ def prefill_state(
     return HybridAttnState(S, z, k[:, :, n_lin:], v[:, :, n_lin:])
 
 
-# ---------------------------------------------------------------------------------------------
 # Liger-GLA(+SWA): gated linear attention plus a separately normalised sliding window.
 
 # Weights of (sliding-window softmax, gated linear attention) in the output. Liger's sources call

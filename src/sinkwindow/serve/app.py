@@ -47,8 +47,6 @@ class _Server:
         self.stop_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.started = int(time.time())
 
-    # ------------------------------------------------------------------ routes
-
     async def health(self, request: Request) -> JSONResponse:
         spec = self.engine.spec
         return JSONResponse(
@@ -82,8 +80,6 @@ class _Server:
 
     async def chat_completions(self, request: Request):
         return await self._generate(request, chat=True)
-
-    # ------------------------------------------------------------------ generation
 
     def _tokens(self, req: GenerationRequest) -> list[int]:
         continuing = req.session is not None and self.engine.sessions.tokens_seen(req.session) > 0

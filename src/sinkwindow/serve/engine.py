@@ -133,8 +133,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.last_evicted: list[dict] = []
 
-    # ------------------------------------------------------------------ control
-
     def start(self) -> Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="sinkwindow-engine", daemon=True)
@@ -187,8 +185,6 @@ class Engine:
                 job._session = self.sessions.reserve(job.session)
             self._queue.append(job)
             self._cv.notify_all()
-
-    # ------------------------------------------------------------------ worker
 
     def _loop(self) -> None:
         with torch.no_grad():
@@ -274,8 +270,6 @@ class Engine:
         if job.generated >= job.max_new_tokens:
             return nxt, "length"
         return nxt, None
-
-    # ------------------------------------------------------------------ the decode batch
 
     def _join(self, job: Job, nxt: torch.Tensor) -> None:
         """Put ``job`` (its prompt read, its first token chosen) into the decode batch."""

@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from transformers import PreTrainedModel
 from ..linear.attention import DEFAULT_WINDOW_FACTOR
 from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from ..linear.lora import DEFAULT_LORA, LIGER_LORA
+from ..notices import NOTICES
 from ..runs.folder import RunLock
 from ..runs.sessions import start_session
 from ..spec import parse_spec
@@ -258,10 +258,9 @@ class _StopRequest:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signum
-        print(
-            f"{signal.Signals(signum).name}: stopping at the next micro-batch and saving the last finished step",
-            file=sys.stderr,
-            flush=True,
+        NOTICES.info(
+            "%s: stopping at the next micro-batch and saving the last finished step",
+            signal.Signals(signum).name,
         )
 
     def __enter__(self) -> _StopRequest:
@@ -420,12 +419,10 @@ def run_stage(
         )
         if not progress:
             # Without a bar a long run would be silent: one line per validation instead.
-            print(
+            NOTICES.info(
                 f"{cfg.stage} step {step}/{steps_total} ({step * tokens_per_step:,} tokens): val {val:.4g}, "
                 f"best {best_val:.4g}, train {train_loss if train_loss is None else f'{train_loss:.4g}'}, "
-                f"{wall():.0f} s",
-                file=sys.stderr,
-                flush=True,
+                f"{wall():.0f} s"
             )
         return val
 

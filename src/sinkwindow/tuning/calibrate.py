@@ -99,9 +99,6 @@ MASS_ATTENTION = "sinkwindow_mass"
 Unit = int | tuple[int, int]
 
 
-# ---------------------------------------------------------------------------- units
-
-
 def unit_label(unit: Unit) -> str:
     """``11`` -> ``"11"``, ``(11, 2)`` -> ``"11.2"`` (the spec grammar's spelling)."""
     return str(unit) if isinstance(unit, int) else f"{unit[0]}.{unit[1]}"
@@ -168,9 +165,6 @@ def check_calibration_seed(seed: int, what: str = "seed") -> int:
     return seed
 
 
-# ---------------------------------------------------------------------------- prompts
-
-
 @dataclass
 class CalibrationPrompt:
     """One S-NIAH prompt with its gold answer, for teacher forcing.
@@ -215,9 +209,6 @@ def calibration_prompts(
             CalibrationPrompt(task, s.index, encode_prompt(tokenizer, s.text, chat_wrapped=False), answer)
         )
     return out
-
-
-# ---------------------------------------------------------------------------- nll
 
 
 @torch.no_grad()
@@ -319,9 +310,6 @@ def greedy_select(
 def greedy_runs(pool: int, k: int) -> int:
     """Prompt passes greedy selection adds to the single-unit scores (step 1 reuses them)."""
     return sum(pool - i for i in range(1, k))
-
-
-# ---------------------------------------------------------------------------- mass
 
 
 class _MassCapture:
@@ -465,9 +453,6 @@ def mass_scores(
     return {ws: capture.sums[i] / counts[0] for i, ws in enumerate(capture.windows)}
 
 
-# ---------------------------------------------------------------------------- ranking and selection
-
-
 def _order(scores: Sequence[float], higher_is_better: bool = True) -> list[int]:
     """Indices best first; ties (and NaN, last) keep unit order, so the answer is deterministic."""
 
@@ -573,9 +558,6 @@ def score_units(
         if bar is not None:
             bar.close()
     return out
-
-
-# ---------------------------------------------------------------------------- calibrate
 
 
 @dataclass
@@ -793,8 +775,6 @@ def calibrate(
         gate_losses=scores.get("gate_losses", []),
     )
 
-
-# ---------------------------------------------------------------------------- outputs
 
 _LABELS = {
     "nll": "NLL gain (nats / answer token)",

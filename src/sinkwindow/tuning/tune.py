@@ -124,9 +124,6 @@ def window_grid(context: int, lo: int = MIN_WINDOW, hi: int = MAX_WINDOW) -> lis
     return out
 
 
-# ---------------------------------------------------------------------------- the frontier
-
-
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
     """Which ``(kv_bytes, score)`` points no other point dominates (no more bytes, no lower score,
     and better in one). Equal points are all on the front."""
@@ -197,9 +194,6 @@ def plan_candidates(
             f"({format_bytes(cost)}): raise --kv-budget to at least {cost} (bytes), or give smaller --windows"
         )
     return out
-
-
-# ---------------------------------------------------------------------------- measuring
 
 
 @dataclass
@@ -360,9 +354,6 @@ def _measure_all(
         if bar is not None:
             bar.close()
     return out
-
-
-# ---------------------------------------------------------------------------- tune
 
 
 @dataclass
@@ -619,9 +610,6 @@ def tune(
     if out is not None:
         write_tune(result, out)
     return result
-
-
-# ---------------------------------------------------------------------------- outputs
 
 
 def plot_frontier(result: TuneResult, path: str | Path) -> Path:

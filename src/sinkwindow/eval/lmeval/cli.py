@@ -27,9 +27,6 @@ from .tasks import utils as _local
 __all__ = ["cli_evaluate", "register_lmeval_subcommand"]
 
 
-# ---------------------------------------------------------------------------- the stock CLI
-
-
 def cli_evaluate(argv: Sequence[str] | None = None) -> int:
     """``sinkwindow-lm-eval``: lm-eval's own CLI with model ``sinkwindow`` registered; the exit code.
 
@@ -84,9 +81,6 @@ def _cli_evaluate(args: list[str]) -> int:
     finally:
         sys.argv = saved
     return 0
-
-
-# ---------------------------------------------------------------------------- `sinkwindow eval lm-eval`
 
 
 def _limit_value(text: str, task: str | None = None) -> int | float:

@@ -444,14 +444,14 @@ def test_eval_and_report_end_with_one_json_line(tiny_folder, tmp_path, capsys):
 
 
 def test_shared_constants_match_their_sources():
-    from sinkwindow.eval import babilong, cli, niah
+    from sinkwindow.eval import babilong, niah, tasks
     from sinkwindow.linear.feature_maps import FEATURE_MAPS
     from sinkwindow.models import DEFAULT_MODEL
     from sinkwindow.train.cli import FEATURE_MAP_NAMES
 
     assert cli_args.DEFAULT_MODEL == DEFAULT_MODEL
-    assert cli.NIAH_ANSWER_TOKENS == niah.TOKENS_TO_GENERATE
-    assert cli.BABILONG_PROMPT_RESERVE == babilong.PROMPT_RESERVE
+    assert tasks.NIAH_ANSWER_TOKENS == niah.TOKENS_TO_GENERATE
+    assert tasks.BABILONG_PROMPT_RESERVE == babilong.PROMPT_RESERVE
     assert set(FEATURE_MAP_NAMES) == set(FEATURE_MAPS)
 
 

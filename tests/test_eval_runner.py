@@ -204,10 +204,10 @@ def test_config_checks_the_babilong_fact_flags(tmp_path):
         _config(babilong_data=str(tmp_path), babilong_facts="generated")
     assert _config(babilong_data=tmp_path).babilong_data == str(tmp_path)
     # Past 100 samples, the deviations say where the extra questions come from.
-    from sinkwindow.eval.runner import _deviations
+    from sinkwindow.eval.tasks import deviations
 
-    assert any("100-question subset" in d for d in _deviations(_config(samples=101)))
-    assert not any("100-question subset" in d for d in _deviations(_config(samples=100)))
+    assert any("100-question subset" in d for d in deviations(_config(samples=101)))
+    assert not any("100-question subset" in d for d in deviations(_config(samples=100)))
 
 
 def test_cli_babilong_facts_flags(tiny_pair, tmp_path, capsys):

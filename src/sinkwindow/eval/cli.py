@@ -9,15 +9,20 @@ import sys
 from pathlib import Path
 
 from .. import args as cli_args
+from .tasks import (
+    BABILONG_MIN_LENGTH,
+    BABILONG_PROMPT_RESERVE,
+    NIAH_ANSWER_TOKENS,
+    NIAH_MIN_LENGTH,
+    PPL_MIN_LENGTH,
+    group_tasks,
+)
 
 __all__ = [
     "register",
     "compare_methods",
     "COMPARE_METHODS",
     "COMPARE_SIZES",
-    "NIAH_MIN_LENGTH",
-    "BABILONG_MIN_LENGTH",
-    "PPL_MIN_LENGTH",
 ]
 
 logger = logging.getLogger(__name__)
@@ -54,19 +59,6 @@ COMPARE_SIZES: dict[str, dict] = {
     ),
 }
 
-# The smallest lengths worth running, checked while parsing (tests keep them equal to the generators'
-# constants, which live in modules too heavy to import for --help):
-# S-NIAH sizes its haystack with niah.TOKENS_TO_GENERATE = 128 answer tokens reserved, and RULER's
-# templates take 85-114 more (SmolLM2's tokenizer), so below 2 x 128 no sample fits.
-NIAH_ANSWER_TOKENS = 128
-NIAH_MIN_LENGTH = 2 * NIAH_ANSWER_TOKENS
-# BABILong keeps babilong.PROMPT_RESERVE = 300 tokens for the prompt; 100 more hold the facts and
-# some background. 0 is BABILong's 0K (the facts alone).
-BABILONG_PROMPT_RESERVE = 300
-BABILONG_MIN_LENGTH = BABILONG_PROMPT_RESERVE + 100
-# Perplexity needs one token to predict from and one to predict.
-PPL_MIN_LENGTH = 2
-
 
 def _decode_cap(text: str) -> int | None:
     """``--niah-max-new-tokens``: ``auto`` (answer length + 16) -> ``None``, or 1 .. 128 tokens."""
@@ -88,9 +80,7 @@ def _decode_cap(text: str) -> int | None:
 
 def _task_list(family: str):
     def parse(text: str) -> list[str]:
-        from .runner import BABILONG_TASKS, NIAH_TASKS
-
-        known = {"niah": NIAH_TASKS, "babilong": BABILONG_TASKS, "ppl": ("ppl",)}[family]
+        known = group_tasks(family)
         tasks = [t.strip() for t in str(text).split(",")]
         if not all(tasks):
             raise argparse.ArgumentTypeError(
@@ -235,14 +225,11 @@ def _source_diff(args: argparse.Namespace) -> str | None:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .report import write_report
-    from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig
+    from .runner import EvalConfig
 
     args.source_diff = _source_diff(args)
 
-    tasks = (
-        args.tasks
-        or {"niah": list(NIAH_TASKS), "babilong": list(BABILONG_TASKS), "ppl": ["ppl"]}[args.family]
-    )
+    tasks = args.tasks or list(group_tasks(args.family))
     methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
     _check_units(args.model, methods)
     device, device_map = cli_args.resolve_placement(args.device, args.device_map)

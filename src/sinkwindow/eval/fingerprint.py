@@ -53,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.folder import settings_fingerprint
+from .tasks import TASKS, tasks_using
 
 __all__ = [
-    "TASK_SETTINGS",
+    "folder_identity",
     "run_settings",
     "row_settings",
     "row_fingerprint",
@@ -83,15 +84,6 @@ GLOBAL_SETTINGS = (
     "seed",
     "sinkwindow",
 )
-# Task parameters by the task-name prefix whose rows they change.
-TASK_SETTINGS = {
-    "niah_max_new_tokens": "niah_",
-    "niah_depths": "niah_",
-    "babilong_facts": "babilong_",
-    "babilong_data": "babilong_",
-    "babilong_chat": "babilong_",
-    "ppl_bucket": "ppl",
-}
 # Files above this are identified by name, size and mtime, not by their contents.
 CONTENT_HASH_LIMIT = 64 << 20
 
@@ -116,8 +108,7 @@ def _applies(key: str, task: str, method: str) -> bool:
         return True
     if key.startswith("checkpoint["):
         return key == _checkpoint_key(method)
-    prefix = TASK_SETTINGS.get(key)
-    return prefix is not None and task.startswith(prefix)
+    return task in tasks_using(key)
 
 
 def concerns(key: str, cells: Iterable[tuple[str, str]]) -> bool:
@@ -132,9 +123,9 @@ def concerns(key: str, cells: Iterable[tuple[str, str]]) -> bool:
     method = checkpoint_method(key)
     if method is not None:
         return any(m == method for _, m in cells)
-    prefix = TASK_SETTINGS.get(key)
-    if prefix is not None:
-        return any(t.startswith(prefix) for t, _ in cells)
+    tasks = tasks_using(key)
+    if tasks:
+        return any(t in tasks for t, _ in cells)
     return True
 
 
@@ -230,6 +221,11 @@ def _hub_revision(repo_id: str, model) -> str:
         return "unknown"
     # The cache keeps files under snapshots/<commit>/.
     return Path(hit).parent.name if isinstance(hit, str) else "unknown"
+
+
+def folder_identity(path: Path) -> str:
+    """A data folder as a setting: ``folder:`` and a digest of its visible files' names, sizes and mtimes."""
+    return "folder:" + _folder_digest(path, _visible_files(path, recursive=True), False)
 
 
 def model_identity(name: str, model=None) -> str:
@@ -362,23 +358,8 @@ def run_settings(config, model=None) -> dict[str, Any]:
         "seed": config.seed,
         "sinkwindow": version,
     }
-    tasks = list(config.tasks)
-    if any(t.startswith("niah_") for t in tasks):
-        settings["niah_max_new_tokens"] = config.niah_max_new_tokens
-        if getattr(config, "niah_depths", "random") != "random":
-            # Only when set: RULER's random depths leave every existing row's fingerprint as it was.
-            settings["niah_depths"] = config.niah_depths
-    if any(t.startswith("babilong_") for t in tasks):
-        data = config.babilong_data
-        settings["babilong_facts"] = config.babilong_facts
-        settings["babilong_data"] = (
-            None
-            if data is None
-            else "folder:" + _folder_digest(Path(data), _visible_files(Path(data), recursive=True), False)
-        )
-        settings["babilong_chat"] = config.babilong_chat
-    if "ppl" in tasks:
-        settings["ppl_bucket"] = config.ppl_bucket
+    for task in config.tasks:  # each task's own parameters (eval/tasks/)
+        settings.update(TASKS[task].settings(config))
     for method in config.methods:
         if parse_spec(method).is_trained:
             settings[_checkpoint_key(method)] = _checkpoint_identity(

@@ -8,8 +8,9 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
-from .summary import HEADLINE_FAMILIES, TASK_TITLES, method_order, plain_mean
+from .summary import method_order, plain_mean
 from .tables import length_label
+from .tasks import FAMILY_TITLES, HEADLINE_FAMILIES
 
 __all__ = ["render_plots", "accuracy_figure", "accuracy_series"]
 
@@ -69,7 +70,7 @@ def accuracy_figure(s: dict, fams: list[str]):
         has_0k = any(0 in by for by in s["accuracy"][f].values())
         ax.set_xticks(xs, ["0K" if x == 256 and has_0k else length_label(x) for x in xs])
         ax.minorticks_off()
-        ax.set_title(TASK_TITLES[f].split(" (")[0])
+        ax.set_title(FAMILY_TITLES[f].split(" (")[0])
         ax.set_xlabel("context (tokens)")
         ax.set_ylim(-5, 105)
         ax.grid(alpha=0.3)

@@ -11,10 +11,8 @@ cell finishes. A re-run with the same settings skips what is already there; one 
 that change results (``eval/fingerprint.py``) is refused unless ``new_run=True``. The run holds the
 folder's lock (``runs.RunLock``) from start to end, whichever scheduler runs the cells.
 
-Tasks:
-    ``ppl``                             perplexity of essay windows at each length (chunked stream)
-    ``niah_single_1/2/3``               RULER S-NIAH (greedy decoding, string match, 0/100)
-    ``babilong_qa1`` .. ``babilong_qa5`` BABILong (greedy decoding, compare_answers, 0/100)
+The tasks (perplexity, S-NIAH-1/2/3, BABILong QA1-5) come from the registry in ``eval/tasks/``:
+the runner asks a task for its lengths, sample counts and rows, and never branches on its name.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -30,13 +28,13 @@ import torch
 from ..linear.adapters import shipped_adapter
 from ..method import use_method
 from ..models import load, load_device_map
-from ..patch import make_cache
-from ..prefill import input_device, prefill
+from ..prefill import input_device
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.provenance import utc_now
 from ..runs.sessions import start_session
 from ..spec import parse_spec
 from ..threads import apply_threads, rechoose_threads
+from .decoding import eos_ids
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
 from .results import ResultsStore, check_redo, check_resume, row_key
 from .scheduler import (
@@ -48,6 +46,7 @@ from .scheduler import (
     SerialScheduler,
     make_scheduler,
 )
+from .tasks import ALL_TASKS, TASKS, deviations
 
 __all__ = [
     "EvalConfig",
@@ -55,12 +54,7 @@ __all__ = [
     "run_cell",
     "plan",
     "planned_keys",
-    "ALL_TASKS",
-    "NIAH_TASKS",
-    "BABILONG_TASKS",
     "DTYPES",
-    "greedy_generate",
-    "greedy_generate_batch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,9 +63,6 @@ logger = logging.getLogger(__name__)
 # fills the matrix units), and 8 rows of a 4K full-attention cache stay under 2 GB for SmolLM2;
 # see benchmarks/eval_batching.py. GPU: wide batches are cheap.
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
-NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
-BABILONG_TASKS = tuple(f"babilong_qa{i}" for i in range(1, 6))
-ALL_TASKS = ("ppl", *NIAH_TASKS, *BABILONG_TASKS)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -210,149 +201,10 @@ class EvalConfig:
         return asdict(self)
 
 
-@torch.no_grad()
-def greedy_generate(
-    model, input_ids: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int], chunk_size: int
-) -> list[int]:
-    """Greedy continuation of ``input_ids`` ``[1, n]`` through the method's cache.
-
-    The prompt goes through chunked prefill (O(n·w) for SWA), then tokens are decoded one by one;
-    decoding stops at any of ``eos_ids``.
-    """
-    logits, cache = prefill(model, input_ids, chunk_size=chunk_size, cache=make_cache(model))
-    eos = set(eos_ids)
-    out: list[int] = []
-    nxt = int(logits[0].argmax())
-    device = input_ids.device
-    for _ in range(max_new_tokens):
-        if nxt in eos:
-            break
-        out.append(nxt)
-        if len(out) == max_new_tokens:
-            break
-        step = model(torch.tensor([[nxt]], device=device), cache=cache, use_cache=True)
-        nxt = int(step.logits[0, -1].argmax())
-    return out
-
-
-@torch.no_grad()
-def greedy_generate_batch(
-    model,
-    prompts: Sequence[torch.Tensor],
-    max_new_tokens: Sequence[int],
-    eos_ids: Sequence[int],
-    chunk_size: int,
-    pad_id: int,
-) -> list[list[int]]:
-    """``greedy_generate`` for several prompts at once: one left-padded batch, per-row EOS and caps.
-
-    The rows go through chunked prefill with a padding mask (each row keeps its own first s real
-    tokens as sinks, and positions count real tokens only) and batched greedy decoding
-    (``sinkwindow.generate``) up to the largest cap; each row is then cut at its first EOS and at
-    its own cap. Greedy decoding is causal, so the tokens a row would have produced alone are
-    exactly its first ones here; tests hold batched and one-at-a-time predictions equal.
-
-    Args:
-        prompts: ``[1, n_i]`` token ids per row.
-        max_new_tokens: each row's cap.
-        pad_id: filler for the padding (never attended to).
-
-    Returns:
-        The new tokens of each row, without the EOS.
-    """
-    from ..generate import generate
-
-    if len(prompts) == 1:
-        return [greedy_generate(model, prompts[0], max_new_tokens[0], eos_ids, chunk_size)]
-    n = max(p.shape[1] for p in prompts)
-    device = prompts[0].device
-    ids = torch.full((len(prompts), n), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(prompts), n), dtype=torch.long, device=device)
-    for b, p in enumerate(prompts):
-        ids[b, n - p.shape[1] :] = p[0]
-        mask[b, n - p.shape[1] :] = 1
-    out = generate(
-        model,
-        ids,
-        max(max_new_tokens),
-        attention_mask=mask,
-        chunk_size=chunk_size,
-        eos_token_id=list(eos_ids),
-        pad_token_id=pad_id,
-    )
-    eos = set(eos_ids)
-    rows = []
-    for b, cap in enumerate(max_new_tokens):
-        new: list[int] = []
-        for t in out[b, n:].tolist()[:cap]:
-            if t in eos:
-                break
-            new.append(t)
-        rows.append(new)
-    return rows
-
-
-def _eos_ids(tokenizer, model) -> list[int]:
-    ids = set()
-    for src in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(i) for i in src)
-    return sorted(ids)
-
-
-def _build_samples(task: str, tokenizer, length: int, config: EvalConfig):
-    if task in NIAH_TASKS:
-        from .niah import generate_niah
-
-        return generate_niah(
-            task, tokenizer, length, config.samples, seed=config.seed, depths=config.niah_depths
-        )
-    if task in BABILONG_TASKS:
-        from .babilong import generate_babilong
-
-        # A data folder's published contexts (BABILong JSON) are used as they are.
-        return generate_babilong(
-            task.removeprefix("babilong_"),
-            tokenizer,
-            length,
-            config.samples,
-            seed=config.seed,
-            source=config.babilong_data,
-            facts=config.babilong_facts,
-            keep_context=config.babilong_data is not None,
-        )
-    raise ValueError(task)
-
-
-def _babilong_input(sample, tokenizer, chat: bool) -> str:
-    if chat and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": sample.prompt}], tokenize=False, add_generation_prompt=True
-        )
-    return sample.prompt
-
-
-def encode_prompt(tokenizer, text: str, chat_wrapped: bool) -> torch.Tensor:
-    # A chat template already carries BOS where the model wants it; raw prompts get the
-    # tokenizer's own special tokens (Gemma needs <bos>, SmolLM2 adds none).
-    return tokenizer(text, return_tensors="pt", add_special_tokens=not chat_wrapped).input_ids
-
-
-def _task_lengths(task: str, config: EvalConfig) -> list[int]:
-    if task == "ppl":
-        return list(config.ppl_lengths)
-    if task in BABILONG_TASKS and config.babilong_lengths is not None:
-        return list(config.babilong_lengths)
-    return list(config.lengths)
-
-
 def plan_size(config: EvalConfig) -> int:
     total = 0
     for task in config.tasks:
-        per = config.ppl_windows if task == "ppl" else config.samples
-        total += per * len(_task_lengths(task, config))
+        total += TASKS[task].count(config) * len(TASKS[task].lengths(config))
     return total * len(config.methods)
 
 
@@ -367,8 +219,8 @@ def planned_keys(config: EvalConfig) -> list[tuple]:
     keys = []
     for method in config.methods:
         for task in config.tasks:
-            n = config.ppl_windows if task == "ppl" else config.samples
-            for length in _task_lengths(task, config):
+            n = TASKS[task].count(config)
+            for length in TASKS[task].lengths(config):
                 keys += [(config.model, task, method, length, config.seed, i) for i in range(n)]
     return keys
 
@@ -409,9 +261,9 @@ def plan(
     for method in config.methods:
         for task in config.tasks:
             fp = row_fingerprint(settings, task, method) if settings is not None else None
-            n = config.ppl_windows if task == "ppl" else config.samples
-            bs = 1 if task == "ppl" else batch_size
-            for length in _task_lengths(task, config):
+            n = TASKS[task].count(config)
+            bs = TASKS[task].batch_size(batch_size)
+            for length in TASKS[task].lengths(config):
                 todo = list(range(n))
                 if done is not None:
                     base = {"model": config.model, "task": task, "method": method, "length": length}
@@ -465,18 +317,9 @@ def run_cell(
             )
             state["method"] = cell.method
         if "eos" not in state:
-            state["eos"] = _eos_ids(tokenizer, model)
+            state["eos"] = eos_ids(tokenizer, model)
         t0 = time.perf_counter()
-        if cell.task == "ppl":
-            ppl_cache = state.setdefault("ppl", {})
-            rows = [_run_ppl(model, tokenizer, cell.length, i, config, ppl_cache) for i in cell.indices]
-        else:
-            samples_cache = state.setdefault("samples", {})
-            key = (cell.task, cell.length)
-            if key not in samples_cache:
-                samples_cache[key] = _build_samples(cell.task, tokenizer, cell.length, config)
-            samples = [samples_cache[key][i] for i in cell.indices]
-            rows = _run_samples(model, tokenizer, cell.task, samples, config, state["eos"])
+        rows = TASKS[cell.task].run(model, tokenizer, cell.length, cell.indices, config, state)
     except BaseException:
         state["method"] = None  # a failed switch or forward may leave the model half-patched
         raise
@@ -606,7 +449,7 @@ def run_eval(
                 "kind": "long-context",
                 **config.to_dict(),
                 "torch_threads": threads,
-                "deviations": _deviations(config),
+                "deviations": deviations(config),
             },
             settings=settings,
             new_run=new_run,
@@ -680,126 +523,3 @@ def _run_cells(
             bar.close()
     if failures:
         raise CellsFailedError(failures)
-
-
-def _run_ppl(model, tokenizer, length: int, index: int, config: EvalConfig, cache: dict) -> dict:
-    from .perplexity import essay_token_windows, perplexity
-
-    if length not in cache:
-        cache[length] = essay_token_windows(tokenizer, length, config.ppl_windows)
-    res = perplexity(model, cache[length][index], chunk_size=config.chunk_size, bucket_size=config.ppl_bucket)
-    return {
-        "score": res.ppl,
-        "metric": "ppl",
-        "nll_sum": res.nll_sum,
-        "n_tokens": res.n_tokens,
-        "bucket_size": res.bucket_size,
-        "bucket_nll_sum": res.bucket_nll_sum,
-        "bucket_count": res.bucket_count,
-    }
-
-
-def _prepare_sample(tokenizer, task: str, sample, config: EvalConfig):
-    """``(prompt ids [1, n], decode cap, finish)``; ``finish(prediction text)`` gives the row."""
-    if task in NIAH_TASKS:
-        from .niah import needle_tokens, ruler_string_match
-
-        ids = encode_prompt(tokenizer, sample.text, chat_wrapped=False)
-        span = needle_tokens(tokenizer, sample.text, sample.outputs[0], add_special_tokens=True)
-        cap = config.niah_max_new_tokens
-        if cap is None:
-            cap = max(len(tokenizer(o, add_special_tokens=False).input_ids) for o in sample.outputs) + 16
-
-        def finish(pred: str) -> dict:
-            return {
-                "score": ruler_string_match(pred, sample.outputs),
-                "metric": "string_match",
-                "prediction": pred,
-                "answer": sample.outputs,
-                "depth": sample.depth,
-                "n_prompt_tokens": int(ids.shape[1]),
-                # [start, end) of the needle's value among the prompt's ids: inside a method's window
-                # or beyond it (report.window_split).
-                "needle_tokens": list(span),
-            }
-
-        return ids, min(sample.max_new_tokens, cap), finish
-    text = _babilong_input(sample, tokenizer, config.babilong_chat)
-    ids = encode_prompt(tokenizer, text, chat_wrapped=text != sample.prompt)
-
-    def finish(pred: str) -> dict:
-        return {
-            "score": sample.score(pred),
-            "metric": "compare_answers",
-            "prediction": pred,
-            "answer": sample.target,
-            "question": sample.question,
-            "n_prompt_tokens": int(ids.shape[1]),
-        }
-
-    return ids, sample.max_new_tokens, finish
-
-
-def _run_samples(
-    model, tokenizer, task: str, samples: list, config: EvalConfig, eos: list[int]
-) -> list[dict]:
-    """Rows of several samples of one (task, length, method), decoded as one batch."""
-    prepared = [_prepare_sample(tokenizer, task, s, config) for s in samples]
-    device = input_device(model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    preds = greedy_generate_batch(
-        model,
-        [ids.to(device) for ids, _, _ in prepared],
-        [cap for _, cap, _ in prepared],
-        eos,
-        config.chunk_size,
-        pad,
-    )
-    return [
-        finish(tokenizer.decode(p, skip_special_tokens=True)) for (_, _, finish), p in zip(prepared, preds)
-    ]
-
-
-def _deviations(config: EvalConfig) -> list[str]:
-    out = []
-    cap = config.niah_max_new_tokens
-    if cap is None or cap < 128:
-        what = "the answer's token count + 16" if cap is None else str(cap)
-        out.append(
-            f"S-NIAH decodes at most {what} tokens (RULER: 128; the haystack is still sized with 128 "
-            f"reserved), stopping at EOS"
-        )
-    if any(t in BABILONG_TASKS for t in config.tasks):
-        try:
-            from .babilong import DEVIATIONS, babilong_data_kind
-        except ImportError:
-            DEVIATIONS = None
-        data = config.babilong_data
-        # Published samples (a BABILong JSON folder) are used verbatim: no rebuilding deviations.
-        if DEVIATIONS is not None and (data is None or babilong_data_kind(data) != "babilong-json"):
-            out.extend(f"BABILong: {d}" for d in DEVIATIONS)
-            lengths = config.babilong_lengths if config.babilong_lengths is not None else config.lengths
-            if config.babilong_facts == "generated":
-                out.append(
-                    "BABILong facts come from sinkwindow's seeded bAbI generator (tasks 1-5), not the "
-                    "released test set (--babilong-facts generated)"
-                )
-            else:
-                if any(length > 0 for length in lengths):
-                    out.append(
-                        "BABILong: at lengths above 0K a question whose facts do not fit is skipped and the "
-                        "next one taken, so sample i may be a different question than at 0K (qa3 mostly)"
-                    )
-                if config.samples > 100:
-                    out.append(
-                        "BABILong: samples past BABILong's 100-question subset are the test file's other "
-                        "questions in file order"
-                    )
-    if any(t in NIAH_TASKS for t in config.tasks):
-        try:
-            from .niah import DEVIATIONS as NIAH_DEV
-
-            out.extend(f"S-NIAH: {d}" for d in NIAH_DEV)
-        except ImportError:
-            pass
-    return out

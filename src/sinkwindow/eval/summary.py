@@ -12,7 +12,6 @@ import math
 from collections import defaultdict
 
 from ..spec import parse_spec
-from .runner import BABILONG_TASKS, NIAH_TASKS
 from .stats import (
     ALPHA,
     Interval,
@@ -25,6 +24,7 @@ from .stats import (
     paired_sign_test,
     wilson_interval,
 )
+from .tasks import BABILONG_TASKS, HEADLINE_FAMILIES, NIAH_TASKS, TASKS
 from .window_split import window_split
 
 __all__ = [
@@ -33,8 +33,6 @@ __all__ = [
     "method_order",
     "PAPER_REFERENCE",
     "PAPER_WINDOW",
-    "TASK_TITLES",
-    "HEADLINE_FAMILIES",
     "MIN_INTERVAL_PAIRS",
     "N_BOOT",
     "ALPHA",
@@ -58,13 +56,6 @@ PAPER_REFERENCE = {
 }
 PAPER_WINDOW = 256
 
-TASK_TITLES = {
-    "niah_single_1": "S-NIAH-1 (noise haystack, 7-digit values)",
-    "niah_single_2": "S-NIAH-2 (essay haystack, 7-digit values)",
-    "niah_single_3": "S-NIAH-3 (essay haystack, UUID values)",
-    "babilong": "BABILong QA1–QA5 average",
-}
-HEADLINE_FAMILIES = ("niah_single_1", "niah_single_2", "niah_single_3", "babilong")
 
 # Bootstrap replicates per interval. 2000 puts the 2.5% and 97.5% percentiles 50 replicates from
 # the ends, and a whole report still takes well under a second.
@@ -93,7 +84,8 @@ def method_order(methods) -> list[str]:
 
 
 def _family_tasks(family: str) -> tuple[str, ...]:
-    return BABILONG_TASKS if family == "babilong" else (family,)
+    """The tasks a report column averages (``babilong``: QA1-5)."""
+    return tuple(t.name for t in TASKS.values() if t.family == family)
 
 
 def _iv(iv: Interval, scale: float = 1.0, key: str = "estimate") -> dict:

@@ -31,7 +31,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from .runner import BABILONG_TASKS, NIAH_TASKS, EvalConfig, plan
+from .runner import EvalConfig, plan
+from .tasks import BABILONG_TASKS, NIAH_TASKS, TASKS
 
 __all__ = [
     "PaperModel",
@@ -45,8 +46,6 @@ __all__ = [
     "sweep_plan",
     "format_sweep_plan",
 ]
-
-NIAH_RESERVE = 128  # RULER's tokens_to_generate, counted inside the length
 
 
 @dataclass(frozen=True)
@@ -186,17 +185,7 @@ class Throughput:
 def cell_tokens(config: EvalConfig, cell, throughput: Throughput = Throughput()) -> tuple[int, int, int]:
     """``(prompt tokens, decoded tokens, decode steps)`` of one cell, from its token budgets."""
     rows = len(cell.indices)
-    if cell.task == "ppl":
-        return rows * cell.length, 0, 0
-    if cell.task in NIAH_TASKS:
-        prompt = max(0, cell.length - NIAH_RESERVE)
-        cap = config.niah_max_new_tokens
-        cap = throughput.auto_decode_tokens if cap is None else min(cap, NIAH_RESERVE)
-    else:
-        from .babilong import MAX_NEW_TOKENS
-
-        prompt = cell.length if cell.length > 0 else throughput.babilong_0k_tokens
-        cap = MAX_NEW_TOKENS
+    prompt, cap = TASKS[cell.task].token_budget(config, cell.length, throughput)
     return rows * prompt, rows * cap, cap
 
 

@@ -9,20 +9,18 @@ import math
 from collections import defaultdict
 
 from ..spec import parse_spec
-from .runner import BABILONG_TASKS
 from .stats import (
     ZERO_DENOMINATOR,
     wilson_interval,
 )
 from .summary import (
-    HEADLINE_FAMILIES,
     MIN_INTERVAL_PAIRS,
     PAPER_REFERENCE,
     PAPER_WINDOW,
-    TASK_TITLES,
     method_order,
     plain_mean,
 )
+from .tasks import BABILONG_TASKS, FAMILY_TITLES, HEADLINE_FAMILIES
 
 __all__ = ["markdown_report", "headline_sections", "length_label"]
 
@@ -150,7 +148,7 @@ def _summary_table(s: dict) -> str:
     fams = [f for f in HEADLINE_FAMILIES if f in acc]
     head = (
         "| method | "
-        + " | ".join(["perplexity"] * bool(s["ppl"]) + [TASK_TITLES[f].split(" (")[0] for f in fams])
+        + " | ".join(["perplexity"] * bool(s["ppl"]) + [FAMILY_TITLES[f].split(" (")[0] for f in fams])
         + " |"
     )
     lines = [head, "|---" * (1 + bool(s["ppl"]) + len(fams)) + "|"]
@@ -198,14 +196,16 @@ def _swa_lolcats_section(s: dict, level: int = 2) -> list[str]:
                 else "–"
                 for L in lengths
             ]
-            lines.append(f"| {TASK_TITLES[fam].split(' (')[0]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {FAMILY_TITLES[fam].split(' (')[0]} | " + " | ".join(cells) + " |")
             paper = PAPER_REFERENCE.get(fam)
             retrofit = "LoLCATs(+SWA)" if parse_spec(b).kind == "lolcats" else "Liger-GLA(+SWA)"
             if paper and retrofit in paper and parse_spec(b).window == PAPER_WINDOW:
                 swa, lol = paper["SWA(256,4)"], paper[retrofit]
                 cells = [f"{swa[L] / lol[L]:.2f}×" if L in swa and lol[L] else "–" for L in lengths]
                 lines.append(
-                    f"| {TASK_TITLES[fam].split(' (')[0]}, paper (Llama-3.1-8B) | " + " | ".join(cells) + " |"
+                    f"| {FAMILY_TITLES[fam].split(' (')[0]}, paper (Llama-3.1-8B) | "
+                    + " | ".join(cells)
+                    + " |"
                 )
         lines.append("")
     return lines
@@ -219,7 +219,7 @@ def headline_sections(s: dict, level: int = 2) -> list[str]:
     lines = [f"{h} Summary", "", _summary_table(s), ""]
     for family in ("niah_single_3", "babilong"):
         if family in s["accuracy"]:
-            lines += [f"{h} {TASK_TITLES[family]}", "", _accuracy_table(s, family), ""]
+            lines += [f"{h} {FAMILY_TITLES[family]}", "", _accuracy_table(s, family), ""]
     return lines + _swa_lolcats_section(s, level)
 
 
@@ -316,7 +316,7 @@ def _window_split_section(s: dict) -> list[str]:
         if not by_method:
             continue
         lengths = sorted({L for cells in by_method.values() for L in cells})
-        lines += [f"**{TASK_TITLES[task].split(' (')[0]}**", ""]
+        lines += [f"**{FAMILY_TITLES[task].split(' (')[0]}**", ""]
         lines += [
             "| method | " + " | ".join(length_label(L) for L in lengths) + " |",
             "|---" * (len(lengths) + 1) + "|",
@@ -394,7 +394,7 @@ def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
         noun, verb = ("the difference", "is") if len(quiet) == 1 else ("differences", "are")
         every = "at every length: " if not said and len(quiet) == len(ds) > 1 else "at "
         said.append(f"{noun} {every}{', '.join(quiet)} {verb} within noise")
-    return f"- {TASK_TITLES[family].split(' (')[0]}: " + "; ".join(said) + "."
+    return f"- {FAMILY_TITLES[family].split(' (')[0]}: " + "; ".join(said) + "."
 
 
 def _recovery_lines(s: dict, family: str) -> list[str]:
@@ -452,12 +452,12 @@ def markdown_report(
         lines += [f"![{t}]({f})" for t, f in plots if f.startswith("ppl")] + [""]
     for family in ("niah_single_1", "niah_single_2", "niah_single_3"):
         if family in s["accuracy"]:
-            lines += [f"## {TASK_TITLES[family]}", "", _accuracy_table(s, family), ""]
+            lines += [f"## {FAMILY_TITLES[family]}", "", _accuracy_table(s, family), ""]
             lines += _recovery_lines(s, family)
     lines += [f"![{t}]({f})" for t, f in plots if f.startswith("niah")] + [""]
     if "babilong" in s["accuracy"]:
         lines += [
-            f"## {TASK_TITLES['babilong']}",
+            f"## {FAMILY_TITLES['babilong']}",
             "",
             _accuracy_table(s, "babilong"),
             "",
@@ -476,7 +476,7 @@ def markdown_report(
     lines += list(extra_sections)
     lines += ["## For orientation: the paper's numbers (Llama-3.1-8B, window 256)", ""]
     for fam, rows in PAPER_REFERENCE.items():
-        name = TASK_TITLES.get(fam, fam)
+        name = FAMILY_TITLES.get(fam, fam)
         lengths = sorted(next(iter(rows.values())))
         lines += [
             f"**{name}**",

@@ -73,7 +73,7 @@ def write_needles(run_dir: str | os.PathLike, rows: list[dict], tokenizer) -> in
             another sinkwindow version's haystack).
     """
     from .niah import generate_niah, needle_tokens
-    from .runner import NIAH_TASKS
+    from .tasks import NIAH_TASKS
 
     wanted: dict[tuple, int] = {}
     for r in rows:
@@ -116,7 +116,7 @@ def window_split(rows: list[dict], needles: dict[tuple, dict] | None = None) -> 
     by the window of the first untrained SWA method with sinks among the rows, on its own samples:
     what dense attention finds where that window would not have seen.
     """
-    from .runner import NIAH_TASKS
+    from .tasks import NIAH_TASKS
 
     needles = needles or {}
     specs: dict[str, MethodSpec] = {}

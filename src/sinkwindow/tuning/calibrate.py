@@ -192,8 +192,9 @@ def calibration_prompts(
     Prompt i is sample ``i // len(tasks)`` of task ``tasks[i % len(tasks)]``, each task's samples
     drawn with ``generate_niah(task, tokenizer, length, count, seed=seed)``.
     """
+    from ..eval.decoding import encode_prompt
     from ..eval.niah import generate_niah
-    from ..eval.runner import NIAH_TASKS, encode_prompt
+    from ..eval.tasks import NIAH_TASKS
 
     tasks = tuple(tasks or NIAH_TASKS)
     if samples < 1:

@@ -7,6 +7,7 @@ import json
 import time
 
 from .. import args as cli_args
+from ..eval.tasks import ALL_TASKS, GROUPS
 from ..runs.folder import RunLock, check_run_dir
 
 __all__ = ["register", "CALIBRATE_MIN_LENGTH"]
@@ -18,7 +19,6 @@ CALIBRATE_MIN_LENGTH = 256
 # here would pull torch into every --help.
 CAL_SEED = 7_000_000
 HELDOUT_SEED = 8_000_000
-TASK_CHOICES = ("niah", "babilong", "ppl")
 
 
 def swa_method(text: str) -> str:
@@ -47,10 +47,8 @@ def sinks_list(text: str) -> list[int]:
 
 def tune_task(text: str) -> str:
     """``niah`` | ``babilong`` | ``ppl``, or one runner task (``niah_single_2``, ``babilong_qa1``)."""
-    from ..eval.runner import ALL_TASKS
-
     text = str(text).strip()
-    if text in TASK_CHOICES or text in ALL_TASKS:
+    if text in GROUPS or text in ALL_TASKS:
         return text
     raise argparse.ArgumentTypeError(
         f"unknown task {text!r}: use niah (S-NIAH-1/2/3), babilong (QA1-5), ppl, or one of {', '.join(ALL_TASKS)}"
@@ -131,13 +129,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from ..eval.cli import BABILONG_MIN_LENGTH, NIAH_MIN_LENGTH
+    from ..eval.tasks import TASKS
     from .tune import check_seeds, family_tasks, tune, write_tune
 
     check_seeds(args.seed, args.heldout_seed)  # before the model loads
     tasks = family_tasks(args.task)
-    least = NIAH_MIN_LENGTH if any(t.startswith("niah") for t in tasks) else 2
-    least = BABILONG_MIN_LENGTH if any(t.startswith("babilong") for t in tasks) else least
+    least = max(TASKS[t].min_length for t in tasks)
     if args.context < least:
         raise ValueError(
             f"--context {args.context} is too short for {args.task}: give at least {least} tokens"

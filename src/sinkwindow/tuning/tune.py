@@ -59,7 +59,6 @@ from .calibrate import (
 __all__ = [
     "HELDOUT_SEED",
     "EVAL_PPL_WINDOWS",
-    "TASK_FAMILIES",
     "Candidate",
     "Measurement",
     "TuneResult",
@@ -79,7 +78,6 @@ logger = logging.getLogger(__name__)
 
 # Seed of the held-out samples the winner is reported on: not CAL_SEED, outside EVAL_SEEDS.
 HELDOUT_SEED = 8_000_000
-TASK_FAMILIES = ("niah", "babilong", "ppl")
 # `sinkwindow eval ppl` reads essay windows 0..9 by default (--samples 10); tuning never reads them.
 EVAL_PPL_WINDOWS = 10
 MIN_WINDOW = 64
@@ -88,14 +86,13 @@ MAX_WINDOW = 4096
 
 def family_tasks(task: str) -> tuple[str, ...]:
     """The runner tasks a family averages: ``niah`` -> S-NIAH-1/2/3, ``babilong`` -> QA1-5, ``ppl``."""
-    from ..eval.runner import ALL_TASKS, BABILONG_TASKS, NIAH_TASKS
+    from ..eval.tasks import ALL_TASKS, GROUPS
 
-    families = {"niah": NIAH_TASKS, "babilong": BABILONG_TASKS, "ppl": ("ppl",)}
-    if task in families:
-        return tuple(families[task])
+    if task in GROUPS:
+        return GROUPS[task]
     if task in ALL_TASKS:
         return (task,)
-    raise ValueError(f"unknown task {task!r}: choose from {', '.join(TASK_FAMILIES)} (or one runner task)")
+    raise ValueError(f"unknown task {task!r}: choose from {', '.join(GROUPS)} (or one runner task)")
 
 
 def _family(tasks: Sequence[str]) -> str:

@@ -1,0 +1,65 @@
+"""The long-context task registry: one entry per task, read by every consumer, and cheap to import."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sinkwindow.eval import tasks
+from sinkwindow.eval.runner import EvalConfig, plan, plan_size, planned_keys
+from sinkwindow.eval.tasks import TASKS, get_task
+
+
+def test_registry_names_every_task_once_with_its_group_and_report_column():
+    assert tasks.ALL_TASKS == ("ppl", "niah_single_1", "niah_single_2", "niah_single_3",
+                               *(f"babilong_qa{i}" for i in range(1, 6)))  # fmt: skip
+    assert tasks.GROUPS == {"ppl": ("ppl",), "niah": tasks.NIAH_TASKS, "babilong": tasks.BABILONG_TASKS}
+    assert all(name == t.name for name, t in TASKS.items())
+    # QA1-5 share one report column; every other task is its own.
+    assert {t.family for t in TASKS.values() if t.group == "babilong"} == {"babilong"}
+    assert tasks.HEADLINE_FAMILIES == ("niah_single_1", "niah_single_2", "niah_single_3", "babilong")
+    with pytest.raises(ValueError, match="unknown task 'niah_single_4'; choose from ppl, niah_single_1"):
+        get_task("niah_single_4")
+
+
+def test_importing_the_registry_imports_neither_torch_nor_a_generator():
+    # Flag parsing reads names and limits from it; --help must stay fast.
+    code = (
+        "import sys, sinkwindow.eval.tasks; "
+        "print(sorted(m for m in ('torch', 'numpy', 'sinkwindow.eval.niah', 'sinkwindow.eval.babilong') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_plan_asks_each_task_for_its_lengths_counts_and_batch():
+    config = EvalConfig(model="m", methods=["full"], tasks=["ppl", "niah_single_1", "babilong_qa1"],
+                        lengths=[512, 1024], babilong_lengths=[0], ppl_lengths=[256], samples=3,
+                        ppl_windows=2, batch_size=2)  # fmt: skip
+    cells = plan(config)
+    by_task = {}
+    for c in cells:
+        by_task.setdefault(c.task, []).append((c.length, c.indices))
+    assert by_task["ppl"] == [(256, (0,)), (256, (1,))]  # one window per cell
+    assert by_task["niah_single_1"] == [(512, (0, 1)), (512, (2,)), (1024, (0, 1)), (1024, (2,))]
+    assert by_task["babilong_qa1"] == [(0, (0, 1)), (0, (2,))]
+    assert plan_size(config) == 2 + 6 + 3 == len(planned_keys(config))
+
+
+def test_deviations_are_those_of_the_tasks_run_each_once():
+    niah_only = EvalConfig(model="m", tasks=["niah_single_1", "niah_single_2"], niah_max_new_tokens=None)
+    lines = tasks.deviations(niah_only)
+    assert len(lines) == len(set(lines)) and any(d.startswith("S-NIAH decodes at most") for d in lines)
+    assert not any(d.startswith("BABILong") for d in lines)
+    babilong_only = EvalConfig(model="m", tasks=["babilong_qa1"], lengths=[1024])
+    assert not any("S-NIAH" in d for d in tasks.deviations(babilong_only))  # no S-NIAH ran
+
+
+def test_task_settings_reach_only_their_own_rows_fingerprint():
+    from sinkwindow.eval.fingerprint import row_settings
+
+    settings = {"model": "m", "niah_max_new_tokens": 128, "babilong_chat": True, "ppl_bucket": 128}
+    assert "niah_max_new_tokens" in row_settings(settings, "niah_single_3", "full")
+    assert "babilong_chat" not in row_settings(settings, "niah_single_3", "full")
+    assert set(row_settings(settings, "ppl", "full")) == {"model", "ppl_bucket", "method"}
+    assert tasks.tasks_using("babilong_data") == frozenset(tasks.BABILONG_TASKS)

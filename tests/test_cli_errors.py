@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sinkwindow import args as cli_args
+from sinkwindow import cli_args, resolve
 from sinkwindow.cli import build_parser, main
 
 
@@ -270,18 +270,18 @@ def test_checkpoint_parser(place):
         "linear",
         f"{ck}/model.safetensors",
     )
-    resolve = cli_args.resolve_checkpoints
-    assert resolve([(None, ck)], ["full", "lolcats:64"]) == (["full", "lolcats:64"], {"lolcats:64": ck})
-    assert resolve([("lolcats:64", ck)], ["full"]) == (["full", "lolcats:64"], {"lolcats:64": ck})
-    assert resolve(None, ["full"]) == (["full"], {})
+    resolve_ck = resolve.resolve_checkpoints
+    assert resolve_ck([(None, ck)], ["full", "lolcats:64"]) == (["full", "lolcats:64"], {"lolcats:64": ck})
+    assert resolve_ck([("lolcats:64", ck)], ["full"]) == (["full", "lolcats:64"], {"lolcats:64": ck})
+    assert resolve_ck(None, ["full"]) == (["full"], {})
     with pytest.raises(ValueError, match="several"):
-        resolve([(None, ck)], ["lolcats:64", "linear"])
+        resolve_ck([(None, ck)], ["lolcats:64", "linear"])
     with pytest.raises(ValueError, match="found none"):
-        resolve([(None, ck)], ["full"])
+        resolve_ck([(None, ck)], ["full"])
     with pytest.raises(ValueError, match="use --method linear"):
-        resolve([("linear", ck)], ["lolcats:64"], add_methods=False)
+        resolve_ck([("linear", ck)], ["lolcats:64"], add_methods=False)
     with pytest.raises(ValueError, match="two checkpoints"):
-        resolve([("linear", ck), ("linear", ck + "/model.safetensors")], ["linear"])
+        resolve_ck([("linear", ck), ("linear", ck + "/model.safetensors")], ["linear"])
 
 
 def test_one_checkpoint_parser_for_every_subcommand(place):
@@ -466,7 +466,7 @@ def test_args_module_imports_no_torch():
     only the standard library."""
     code = (
         "import sys\n"
-        "import sinkwindow.args, sinkwindow.registry\n"
+        "import sinkwindow.cli_args, sinkwindow.registry\n"
         "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -16,10 +16,10 @@ PACKAGE = SRC / "sinkwindow"
 CORE = {
     "spec", "masks", "cache", "static_cache", "hybrid", "flex", "patch", "prefill", "rope", "threads",
     "memory", "method", "registry", "attributes", "reference", "models", "generate", "jsonl", "_lazy", "probe",
-    "linear",
+    "notices", "resolve", "linear",
 }  # fmt: skip
 # What sits above it: evaluation, benchmarks, tuning, training, and every command-line module.
-ABOVE = {"eval", "bench", "tuning", "train", "runs", "serve", "cli", "args", "check"}
+ABOVE = {"eval", "bench", "tuning", "train", "runs", "serve", "cli", "cli_args", "check"}
 
 
 def _module_name(path: Path) -> str:
@@ -48,7 +48,7 @@ def imports(path: Path) -> list[tuple[str, str | None]]:
             if base.split(".")[0] != "sinkwindow":
                 continue
             for a in node.names:
-                # `from . import args` imports the module sinkwindow.args, not a name of sinkwindow.
+                # `from . import cli_args` imports the module sinkwindow.cli_args, not a name of sinkwindow.
                 sub = f"{base}.{a.name}"
                 out.append((sub, None) if _is_module(sub) else (base, a.name))
     return out
@@ -91,21 +91,21 @@ def test_the_checker_sees_imports_of_every_form(tmp_path, monkeypatch):
     pkg = tmp_path / "sinkwindow" / "linear"
     pkg.mkdir(parents=True)
     (tmp_path / "sinkwindow" / "__init__.py").write_text("")
-    (tmp_path / "sinkwindow" / "args.py").write_text("")
+    (tmp_path / "sinkwindow" / "cli_args.py").write_text("")
     (tmp_path / "sinkwindow" / "eval").mkdir()
     (tmp_path / "sinkwindow" / "eval" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "x.py").write_text(
-        "from .. import args\nimport sinkwindow.eval\ndef f():\n    from ..eval import _hidden\n"
+        "from .. import cli_args\nimport sinkwindow.eval\ndef f():\n    from ..eval import _hidden\n"
         "from .ops import _mine\n"
     )
     monkeypatch.setattr(f"{__name__}.SRC", tmp_path)
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path / "sinkwindow")
     got = imports(pkg / "x.py")
-    assert ("sinkwindow.args", None) in got and ("sinkwindow.eval", None) in got
+    assert ("sinkwindow.cli_args", None) in got and ("sinkwindow.eval", None) in got
     assert ("sinkwindow.eval", "_hidden") in got and ("sinkwindow.linear.ops", "_mine") in got
     assert sorted(upward_imports()) == [
-        "sinkwindow.linear.x imports sinkwindow.args",
+        "sinkwindow.linear.x imports sinkwindow.cli_args",
         "sinkwindow.linear.x imports sinkwindow.eval",
         "sinkwindow.linear.x imports sinkwindow.eval",
     ]

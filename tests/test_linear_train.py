@@ -452,7 +452,7 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
 
 
-# Sizes mean k = 1024 and M = 1024**2 in every subcommand (sinkwindow.args), token budgets included.
+# Sizes mean k = 1024 and M = 1024**2 in every subcommand (sinkwindow.cli_args), token budgets included.
 @pytest.mark.parametrize(
     "text,n",
     [("1M", 1_048_576), ("500k", 512_000), ("2.5M", 2_621_440), ("4096", 4096), ("1000000", 1_000_000)],

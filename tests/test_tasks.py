@@ -11,8 +11,8 @@ from sinkwindow.eval.tasks import TASKS, get_task
 
 
 def test_registry_names_every_task_once_with_its_group_and_report_column():
-    assert tasks.ALL_TASKS == ("ppl", "niah_single_1", "niah_single_2", "niah_single_3",
-                               *(f"babilong_qa{i}" for i in range(1, 6)))  # fmt: skip
+    assert ("ppl", "niah_single_1", "niah_single_2", "niah_single_3",
+                               *(f"babilong_qa{i}" for i in range(1, 6))) == tasks.ALL_TASKS  # fmt: skip
     assert tasks.GROUPS == {"ppl": ("ppl",), "niah": tasks.NIAH_TASKS, "babilong": tasks.BABILONG_TASKS}
     assert all(name == t.name for name, t in TASKS.items())
     # QA1-5 share one report column; every other task is its own.

@@ -13,7 +13,7 @@ import torch
 
 from conftest import eval_pair
 from sinkwindow import parse_spec
-from sinkwindow.args import byte_size
+from sinkwindow.cli_args import byte_size
 from sinkwindow.memory import analytic_state_bytes
 from sinkwindow.tuning import (
     CAL_SEED,

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from . import args as cli_args
+from . import cli_args, resolve
 
 __all__ = ["main", "build_parser"]
 
@@ -33,8 +33,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import sinkwindow
 
     spec = sinkwindow.parse_spec(args.method)
-    _, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, [args.method], add_methods=False)
-    device = cli_args.resolve_device(args.device)
+    _, checkpoints = resolve.resolve_checkpoints(args.checkpoint, [args.method], add_methods=False)
+    device = resolve.resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
     model, tok = sinkwindow.load(
         args.model, method=args.method, checkpoint=checkpoints.get(args.method), device=device, dtype=dtype
@@ -101,7 +101,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     # Bad options fail before the model loads (seconds to a minute for a GGUF).
     spec = validate_options(args.method, args.seq_len, args.layers)
-    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
+    device, device_map = resolve.resolve_placement(args.device, args.device_map)
     placement = {"device_map": device_map} if device_map is not None else {"device": device or "cpu"}
     model, _ = sinkwindow.load(args.model, dtype=getattr(torch, args.dtype), **placement)
     report = check_model(

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .. import args as cli_args
+from .. import cli_args, resolve
 from .peers import PEER_HELP, is_peer, parse_peer
 
 __all__ = ["register", "build_parser", "main", "parse_contexts"]
@@ -74,6 +74,16 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The efficiency benchmark's flags, by group (one function each)."""
+    _add_grid_flags(p)
+    _add_cap_flags(p)
+    _add_device_flags(p)
+    _add_synthetic_flags(p)
+    _add_output_flags(p)
+
+
+def _add_grid_flags(p: argparse.ArgumentParser) -> None:
+    """The grid: model, methods, contexts, steps."""
     g = p.add_argument_group("grid")
     g.add_argument(
         "--model",
@@ -126,6 +136,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decode cells up to this context prefill for real; longer ones fill the cache state directly (default: 4096)",
     )
     g.add_argument("--quick", action="store_true", help="a grid that finishes in a few minutes on 2 cores")
+
+
+def _add_cap_flags(p: argparse.ArgumentParser) -> None:
+    """Caps that end a measurement with a note instead of a crash."""
     c = p.add_argument_group("caps (say so in the output instead of crashing)")
     c.add_argument(
         "--time-cap",
@@ -139,6 +153,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="skip cells whose cache is projected above this (default: 8 GiB, at most 40%% of available RAM; 80%% of free GPU memory on CUDA)",
     )
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    """Where and how it runs: device, dtype, threads, bandwidth."""
     d = p.add_argument_group("device")
     d.add_argument(
         "--device",
@@ -154,6 +172,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="bandwidth buffer for the roofline, 0 to skip (default: 1024)",
     )
+
+
+def _add_synthetic_flags(p: argparse.ArgumentParser) -> None:
+    """The synthetic model's shape (paper §4.3 defaults)."""
     s = p.add_argument_group("synthetic model (paper §4.3 defaults)")
     s.add_argument("--layers", type=cli_args.integer(1, what="--layers"), default=4)
     s.add_argument("--hidden", type=cli_args.integer(1, what="--hidden"), default=1024)
@@ -168,6 +190,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="default: 8/3 x hidden rounded to 256",
     )
     s.add_argument("--vocab", type=cli_args.integer(2, what="--vocab"), default=32000)
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """The run folder and what goes in it."""
     o = p.add_argument_group("output")
     cli_args.add_out(
         o, "runs/bench", help="output folder; a re-run with the same settings measures only the missing cells"
@@ -250,7 +276,7 @@ def _check_models_and_device(args: argparse.Namespace) -> None:
     from ..models import looks_like_path
 
     if args.device is not None:
-        cli_args.resolve_device(args.device)
+        resolve.resolve_device(args.device)
     for name in args.model or []:
         path = Path(name).expanduser()
         if looks_like_path(name) and not path.exists():

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .. import args as cli_args
+from .. import cli_args, resolve
 from .tasks import (
     BABILONG_MIN_LENGTH,
     BABILONG_PROMPT_RESERVE,
@@ -230,9 +230,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     args.source_diff = _source_diff(args)
 
     tasks = args.tasks or list(group_tasks(args.family))
-    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, args.methods)
+    methods, checkpoints = resolve.resolve_checkpoints(args.checkpoint, args.methods)
     _check_units(args.model, methods)
-    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
+    device, device_map = resolve.resolve_placement(args.device, args.device_map)
     lengths = args.lengths
     cfg = EvalConfig(
         model=args.model,
@@ -315,9 +315,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         methods, notes = compare_methods(args.model, {m for m, _ in args.checkpoint or [] if m})
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
-    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, methods)
+    methods, checkpoints = resolve.resolve_checkpoints(args.checkpoint, methods)
     _check_units(args.model, methods)
-    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
+    device, device_map = resolve.resolve_placement(args.device, args.device_map)
     sizes = dict(COMPARE_SIZES[size])
     if args.samples is not None:
         sizes["samples"] = args.samples
@@ -470,6 +470,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """``eval FAMILY``, ``compare`` and ``report``."""
+    _register_eval(sub)
+    _register_compare(sub)
+    _register_report(sub)
+
+
+def _register_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | lm-eval")
     fam = p.add_subparsers(dest="family", metavar="FAMILY")
     k = cli_args.SIZE_HELP
@@ -543,6 +550,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     else:
         register_lmeval_subcommand(fam)
 
+
+def _register_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare", help="the main job: full vs SWA (and trained baselines) on every task, with a report"
     )
@@ -594,6 +603,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cli_args.add_out(p, "runs/compare", help="run folder (resumes if it exists)")
     p.set_defaults(func=_cmd_compare)
 
+
+def _register_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report", help="rebuild report.md/html and plots of a run folder from its results.jsonl"
     )

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from .. import args as cli_args
+from .. import cli_args, resolve
 
 __all__ = ["register", "serve_app"]
 
@@ -25,8 +25,8 @@ def serve_app(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    _, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, [args.method], add_methods=False)
-    device = cli_args.resolve_device(args.device)
+    _, checkpoints = resolve.resolve_checkpoints(args.checkpoint, [args.method], add_methods=False)
+    device = resolve.resolve_device(args.device)
     model, tok = sinkwindow.load(
         args.model, method=args.method, checkpoint=checkpoints.get(args.method), device=device,
         dtype=getattr(torch, args.dtype),

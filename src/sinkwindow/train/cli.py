@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from .. import args as cli_args
+from .. import cli_args, resolve
 
 __all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]
 
@@ -109,7 +109,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 f"a run's transfer/best.safetensors"
             )
     out = args.out or f"runs/{args.model.replace('/', '_')}-{str(spec).replace(':', '')}"
-    device = cli_args.resolve_device(args.device)  # the trainer follows the model's device
+    device = resolve.resolve_device(args.device)  # the trainer follows the model's device
     model, tok = sinkwindow.load(args.model, dtype=torch.float32, device=device)
     logging.getLogger(__name__).info("training %s: %d + %d tokens into %s", spec, transfer, finetune, out)
     summary = train_baseline(
@@ -175,110 +175,128 @@ def register(subparsers) -> None:
         kind=cli_args.linear_method,
         help="lolcats:W, liger:W or linear (default: %(default)s)",
     )
-    p.add_argument(
-        "--tokens",
-        type=cli_args.size(1, what="--tokens"),
-        default=None,
-        help=f"total training tokens, split 1:2 between the stages; {cli_args.SIZE_HELP}, so 1M = 1,048,576 "
-        "(default: 1M)",
-    )
-    p.add_argument(
-        "--transfer-tokens", type=parse_tokens, default=None, help="stage-1 tokens (overrides the split)"
-    )
-    p.add_argument(
-        "--finetune-tokens", type=parse_tokens, default=None, help="stage-2 tokens (overrides the split)"
-    )
-    p.add_argument("--no-finetune", action="store_true", help="stage 1 only (attention transfer)")
-    p.add_argument(
-        "--paper-budget", action="store_true", help="LoLCATs' GPU budget: 20,000,000 tokens per stage"
-    )
-    p.add_argument(
-        "--data",
-        type=_data_source,
-        default="essays",
-        help="JSONL (Alpaca instruction/input/output, prompt/completion or text), .txt, or 'essays' (offline default)",
-    )
+    _add_budget_flags(p)
+    _add_optimiser_flags(p)
+    _add_stage1_flags(p)
     cli_args.add_out(p, help="run folder (default: runs/<model>-<method>)")
-    p.add_argument(
-        "--seq-len",
-        type=cli_args.integer(2, what="--seq-len"),
-        default=1024,
-        help="tokens per packed chunk (default: %(default)s)",
-    )
-    p.add_argument(
-        "--grad-accum",
-        type=cli_args.integer(1, what="--grad-accum"),
-        default=8,
-        help="chunks per optimiser step (default: %(default)s)",
-    )
-    p.add_argument(
-        "--lr-transfer",
-        type=cli_args.real(0, what="--lr-transfer"),
-        default=1e-2,
-        help="stage-1 learning rate (default: %(default)s)",
-    )
-    p.add_argument(
-        "--lr-finetune",
-        type=cli_args.real(0, what="--lr-finetune"),
-        default=None,
-        help="LoRA-stage learning rate (default: the method's recipe, 1e-4 for lolcats/linear, 1e-3 for liger)",
-    )
-    p.add_argument("--lora-r", type=cli_args.integer(1, what="--lora-r"), default=8)
-    p.add_argument(
-        "--lora-alpha",
-        type=cli_args.real(0, what="--lora-alpha"),
-        default=None,
-        help="LoRA alpha (default: the method's recipe, 16 for lolcats/linear, 8 for liger)",
-    )
-    p.add_argument(
-        "--eval-every",
-        type=cli_args.integer(1, what="--eval-every"),
-        default=100,
-        help="optimiser steps between validations (default: %(default)s)",
-    )
-    p.add_argument(
-        "--save-every",
-        type=cli_args.integer(1, what="--save-every"),
-        default=10,
-        help="optimiser steps between resumable saves (default: %(default)s)",
-    )
-    p.add_argument(
-        "--val-batches",
-        type=cli_args.integer(1, what="--val-batches"),
-        default=8,
-        help="validation chunks (default: %(default)s)",
-    )
-    p.add_argument(
-        "--layer-group",
-        type=cli_args.integer(1, what="--layer-group"),
-        default=None,
-        help="stage 1: layers per batched kernel call (default: all)",
-    )
-    p.add_argument(
-        "--feature-map", choices=FEATURE_MAP_NAMES, default="hedgehog", help="default: %(default)s"
-    )
-    p.add_argument(
-        "--init",
-        choices=("identity", "kaiming"),
-        default="identity",
-        help="feature-map init (default: %(default)s)",
-    )
-    p.add_argument("--affine", action="store_true", help="λ = 1 − γ instead of 1")
     p.add_argument(
         "--max-minutes",
         type=cli_args.real(0, what="--max-minutes"),
         default=None,
         help="stop resumably after this many minutes",
     )
-    p.add_argument(
+    cli_args.add_no_resume(p, "--restart", help="ignore an existing run in --out and start over")
+    cli_args.add_device(p)
+    cli_args.add_threads(p)
+    cli_args.add_no_progress(p)
+    p.set_defaults(func=_cmd_train)
+
+
+def _add_budget_flags(p: argparse.ArgumentParser) -> None:
+    """What the run trains on, and how much: tokens per stage, data source, chunk length."""
+    g = p.add_argument_group("data and token budget")
+    g.add_argument(
+        "--tokens",
+        type=cli_args.size(1, what="--tokens"),
+        default=None,
+        help=f"total training tokens, split 1:2 between the stages; {cli_args.SIZE_HELP}, so 1M = 1,048,576 "
+        "(default: 1M)",
+    )
+    g.add_argument(
+        "--transfer-tokens", type=parse_tokens, default=None, help="stage-1 tokens (overrides the split)"
+    )
+    g.add_argument(
+        "--finetune-tokens", type=parse_tokens, default=None, help="stage-2 tokens (overrides the split)"
+    )
+    g.add_argument("--no-finetune", action="store_true", help="stage 1 only (attention transfer)")
+    g.add_argument(
+        "--paper-budget", action="store_true", help="LoLCATs' GPU budget: 20,000,000 tokens per stage"
+    )
+    g.add_argument(
+        "--data",
+        type=_data_source,
+        default="essays",
+        help="JSONL (Alpaca instruction/input/output, prompt/completion or text), .txt, or 'essays' (offline default)",
+    )
+    g.add_argument(
+        "--seq-len",
+        type=cli_args.integer(2, what="--seq-len"),
+        default=1024,
+        help="tokens per packed chunk (default: %(default)s)",
+    )
+
+
+def _add_optimiser_flags(p: argparse.ArgumentParser) -> None:
+    """Steps, learning rates, LoRA, validation and saves."""
+    g = p.add_argument_group("optimisation")
+    g.add_argument(
+        "--grad-accum",
+        type=cli_args.integer(1, what="--grad-accum"),
+        default=8,
+        help="chunks per optimiser step (default: %(default)s)",
+    )
+    g.add_argument(
+        "--lr-transfer",
+        type=cli_args.real(0, what="--lr-transfer"),
+        default=1e-2,
+        help="stage-1 learning rate (default: %(default)s)",
+    )
+    g.add_argument(
+        "--lr-finetune",
+        type=cli_args.real(0, what="--lr-finetune"),
+        default=None,
+        help="LoRA-stage learning rate (default: the method's recipe, 1e-4 for lolcats/linear, 1e-3 for liger)",
+    )
+    g.add_argument("--lora-r", type=cli_args.integer(1, what="--lora-r"), default=8)
+    g.add_argument(
+        "--lora-alpha",
+        type=cli_args.real(0, what="--lora-alpha"),
+        default=None,
+        help="LoRA alpha (default: the method's recipe, 16 for lolcats/linear, 8 for liger)",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=cli_args.integer(1, what="--eval-every"),
+        default=100,
+        help="optimiser steps between validations (default: %(default)s)",
+    )
+    g.add_argument(
+        "--save-every",
+        type=cli_args.integer(1, what="--save-every"),
+        default=10,
+        help="optimiser steps between resumable saves (default: %(default)s)",
+    )
+    g.add_argument(
+        "--val-batches",
+        type=cli_args.integer(1, what="--val-batches"),
+        default=8,
+        help="validation chunks (default: %(default)s)",
+    )
+
+
+def _add_stage1_flags(p: argparse.ArgumentParser) -> None:
+    """The feature maps' form and initialisation, and where stage 1 starts from."""
+    g = p.add_argument_group("stage 1 (attention transfer)")
+    g.add_argument(
+        "--layer-group",
+        type=cli_args.integer(1, what="--layer-group"),
+        default=None,
+        help="stage 1: layers per batched kernel call (default: all)",
+    )
+    g.add_argument(
+        "--feature-map", choices=FEATURE_MAP_NAMES, default="hedgehog", help="default: %(default)s"
+    )
+    g.add_argument(
+        "--init",
+        choices=("identity", "kaiming"),
+        default="identity",
+        help="feature-map init (default: %(default)s)",
+    )
+    g.add_argument("--affine", action="store_true", help="λ = 1 − γ instead of 1")
+    g.add_argument(
         "--start-from",
         type=_checkpoint_file,
         default=None,
         help="a stage-1 checkpoint (transfer/best.safetensors of another run) to start from instead of the "
         "initialisation, e.g. to continue the paper recipe's attention transfer on longer --seq-len",
     )
-    cli_args.add_no_resume(p, "--restart", help="ignore an existing run in --out and start over")
-    cli_args.add_device(p)
-    cli_args.add_threads(p)
-    cli_args.add_no_progress(p)
-    p.set_defaults(func=_cmd_train)

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from .. import args as cli_args
+from .. import cli_args, resolve
 from ..eval.tasks import ALL_TASKS, GROUPS
 from ..runs.folder import RunLock, check_run_dir
 
@@ -85,7 +85,7 @@ def _load(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = cli_args.resolve_device(args.device)
+    device = resolve.resolve_device(args.device)
     return load(args.model, device=device, dtype=getattr(torch, args.dtype))
 
 
@@ -195,6 +195,12 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """``calibrate`` and ``tune``."""
+    _register_calibrate(sub)
+    _register_tune(sub)
+
+
+def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "calibrate",
         help="score layers / KV heads for keeping full attention on top of swa:W:S and pick the top K",
@@ -239,6 +245,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_runtime(p)
     p.set_defaults(func=_cmd_calibrate)
 
+
+def _register_tune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
         help="search swa:W:S + full layers under a KV-memory budget; report the winner on held-out samples",

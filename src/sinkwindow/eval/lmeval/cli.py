@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ... import args as cli_args
+from ... import cli_args, resolve
 from .constants import DEFAULT_MAX_BATCH_TOKENS, SHORT_TASKS
 from .runner import run_lmeval
 from .table import recovery_table
@@ -149,7 +149,7 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
     methods = list(args.methods)
     if not args.no_baseline and "full" not in methods:
         methods = ["full", *methods]
-    methods, checkpoints = cli_args.resolve_checkpoints(args.checkpoint, methods)
+    methods, checkpoints = resolve.resolve_checkpoints(args.checkpoint, methods)
     tasks = [t for group in args.tasks or [] for t in group] or list(SHORT_TASKS)
     if tasks in (["all"], ["short"]):
         tasks = list(SHORT_TASKS)
@@ -160,7 +160,7 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
                 f"--limit names {', '.join(stray)}, which --tasks does not run ({', '.join(tasks)}): "
                 f"add it to --tasks or drop it from --limit"
             )
-    device, device_map = cli_args.resolve_placement(args.device, args.device_map)
+    device, device_map = resolve.resolve_placement(args.device, args.device_map)
     from ...threads import apply_threads
 
     apply_threads(args.threads)

@@ -50,13 +50,10 @@ __all__ = [
     "method",
     "linear_method",
     "parse_checkpoint",
-    "resolve_checkpoints",
     "out_dir",
     "existing_dir",
     "device",
-    "resolve_device",
     "device_map",
-    "resolve_placement",
     "add_model",
     "add_method",
     "add_methods",
@@ -385,50 +382,6 @@ class CheckpointAction(argparse.Action):
         setattr(namespace, self.dest, [*(current or []), pair])
 
 
-def resolve_checkpoints(
-    given: Sequence[tuple[str | None, str]] | None, methods: Sequence[str], *, add_methods: bool = True
-) -> tuple[list[str], dict[str, str]]:
-    """Match ``--checkpoint`` values with the methods: ``(methods, {method: path})``.
-
-    ``METHOD=PATH`` names its method, which is appended to ``methods`` when missing and
-    ``add_methods`` (else refused). A bare ``PATH`` belongs to the one trained baseline among
-    ``methods``, and is refused when there is none or several.
-
-    Raises:
-        ValueError: naming the fix.
-    """
-    from .spec import parse_spec
-
-    methods = list(methods)
-    out: dict[str, str] = {}
-    for spec, path in given or []:
-        if spec is None:
-            linear = [m for m in methods if parse_spec(m).is_trained]
-            if len(linear) != 1:
-                if linear:
-                    fix = f"write METHOD=PATH for each (e.g. --checkpoint {linear[0]}={path})"
-                    which = f"several ({', '.join(linear)})"
-                else:
-                    fix = f"write METHOD=PATH with the trained method it holds (e.g. --checkpoint lolcats:256={path})"
-                    which = "none"
-                raise ValueError(
-                    f"--checkpoint {path}: a bare PATH needs exactly one trained baseline among the methods, "
-                    f"found {which}; {fix}"
-                )
-            spec = linear[0]
-        if spec in out and out[spec] != path:
-            raise ValueError(f"two checkpoints for {spec} ({out[spec]}, {path}): keep one")
-        out[spec] = path
-        if spec not in methods:
-            if not add_methods:
-                raise ValueError(
-                    f"--checkpoint {spec}={path} is for {spec}, which is not the method run here "
-                    f"({', '.join(methods)}): use --method {spec}"
-                )
-            methods.append(spec)
-    return methods, out
-
-
 def out_dir(text: str) -> str:
     """A run folder to create or resume; refuses a file (or a path under a file). Creates nothing."""
     if not str(text).strip():
@@ -474,25 +427,6 @@ def device(text: str) -> str:
     return text
 
 
-def resolve_device(name: str) -> str:
-    """A concrete torch device for ``name``; ``auto`` picks cuda when present.
-
-    Raises:
-        ValueError: an accelerator that this machine does not have.
-    """
-    import torch  # noqa: PLC0415 - kept out of parse time
-
-    from .models import check_device
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        check_device(name)
-    except ValueError as err:
-        raise ValueError(f"--{err}".replace("use cpu", "use --device cpu")) from None
-    return name
-
-
 def device_map(text: str) -> str | dict[str, int | str]:
     """``type=`` of ``--device-map``: ``models.load_device_map``, and accelerate must be installed."""
     from .models import accelerate_available, load_device_map
@@ -504,26 +438,6 @@ def device_map(text: str) -> str | dict[str, int | str]:
     if not accelerate_available():
         raise argparse.ArgumentTypeError("needs accelerate, which is not installed: pip install accelerate")
     return value
-
-
-def resolve_placement(
-    device_name: str | None, device_map_value: str | dict | None
-) -> tuple[str | None, str | dict | None]:
-    """``(device, device map)`` of a command: one of them, the other ``None``.
-
-    ``--device`` puts the whole model on one device; ``--device-map`` lets accelerate place each
-    layer, so the two together are refused rather than one silently ignored.
-
-    Raises:
-        ValueError: both given, or an accelerator this machine lacks (:func:`resolve_device`).
-    """
-    if device_map_value is not None:
-        if device_name is not None:
-            raise ValueError(
-                "--device-map and --device both given: drop --device (the device map decides where each layer goes)"
-            )
-        return None, device_map_value
-    return (None if device_name is None else resolve_device(device_name)), None
 
 
 def add_model(p: argparse.ArgumentParser, *, default: str = DEFAULT_MODEL) -> None:

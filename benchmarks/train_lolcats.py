@@ -26,7 +26,7 @@ import sinkwindow
 from sinkwindow.eval.results import ResultsStore
 from sinkwindow.eval.runner import EvalConfig, run_eval
 from sinkwindow.train.cli import parse_tokens
-from sinkwindow.train.trainer import train_baseline
+from sinkwindow.train.trainer import TrainConfig, train_baseline
 
 SHARED_ALPACA = (
     Path(__file__).resolve().parents[2] / "shared/data/alpaca/alpaca_cleaned_partial_20230323.jsonl"
@@ -105,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_train:
         model, tok = sinkwindow.load(args.model)
         summary = train_baseline(
-            model, tok, spec, out, data=args.data, transfer_tokens=args.transfer_tokens,
+            model, tok, spec, out, TrainConfig(data=args.data, transfer_tokens=args.transfer_tokens,
             finetune_tokens=args.finetune_tokens, seq_len=args.seq_len, grad_accum=args.grad_accum,
             lr_finetune=args.lr_finetune, eval_every=args.eval_every, save_every=8,
-            val_batches=args.val_batches, max_minutes=args.max_minutes, model_name=args.model,
+            val_batches=args.val_batches, max_minutes=args.max_minutes, model_name=args.model),
         )  # fmt: skip
         if not summary["finished"]:
             print(f"training stopped early; rerun to resume from {out}")

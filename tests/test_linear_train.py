@@ -18,7 +18,7 @@ from sinkwindow.linear.lora import add_lora, lora_parameters
 from sinkwindow.train.cli import parse_tokens
 from sinkwindow.train.data import IGNORE, encode_row, load_training_data, pack
 from sinkwindow.train.finetune import lm_step
-from sinkwindow.train.trainer import StageConfig, run_stage, train_baseline
+from sinkwindow.train.trainer import StageConfig, TrainConfig, run_stage, train_baseline
 from sinkwindow.train.transfer import (
     collect_records,
     linear_share,
@@ -421,7 +421,7 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
         eval_every=1, save_every=1, val_batches=2, progress=False,
     )  # fmt: skip
     model = tiny_model("llama")
-    summary = train_baseline(model, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", **kwargs)
+    summary = train_baseline(model, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", TrainConfig(**kwargs))
     assert summary["finished"] and set(summary["stages"]) == {"transfer", "finetune"}
     assert summary["stages"]["finetune"]["tokens"] == 128
     meta = read_metadata(tmp_path / "run")
@@ -433,7 +433,9 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     assert torch.equal(got, want)
     # A finished run is skipped on rerun and leaves the same model.
     again = tiny_model("llama")
-    assert train_baseline(again, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", **kwargs)["finished"]
+    assert train_baseline(again, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", TrainConfig(**kwargs))[
+        "finished"
+    ]
     with torch.no_grad():
         assert torch.equal(again(ids, use_cache=False).logits, want)
     # A larger stage-2 budget continues stage 2 from its last step; stage 1 stays as it was.
@@ -442,7 +444,7 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
         CharTokenizer(),
         f"lolcats:{W}",
         tmp_path / "run",
-        **{**kwargs, "finetune_tokens": 4 * 2 * 32},
+        TrainConfig(**{**kwargs, "finetune_tokens": 4 * 2 * 32}),
     )
     assert longer["stages"]["transfer"] == summary["stages"]["transfer"]
     assert longer["stages"]["finetune"]["steps"] == 4
@@ -532,7 +534,7 @@ def test_train_liger_one_lora_stage_resumes_then_loads(tmp_path, alpaca_file, mo
         convert_options={"feature_map": "hedgehog", "init": "identity", "affine": False},
     )  # fmt: skip
     model = tiny_model("llama")
-    whole = train_baseline(model, CharTokenizer(), f"liger:{W}", tmp_path / "whole", **kwargs)
+    whole = train_baseline(model, CharTokenizer(), f"liger:{W}", tmp_path / "whole", TrainConfig(**kwargs))
     assert whole["finished"] and set(whole["stages"]) == {"finetune"}
     assert not (tmp_path / "whole" / "transfer").exists()
     stage = whole["stages"]["finetune"]
@@ -560,9 +562,13 @@ def test_train_liger_one_lora_stage_resumes_then_loads(tmp_path, alpaca_file, mo
 
     monkeypatch.setattr(finetune, "lm_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", tmp_path / "split", **kwargs)
+        train_baseline(
+            tiny_model("llama"), CharTokenizer(), f"liger:{W}", tmp_path / "split", TrainConfig(**kwargs)
+        )
     monkeypatch.setattr(finetune, "lm_step", real)
-    resumed = train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", tmp_path / "split", **kwargs)
+    resumed = train_baseline(
+        tiny_model("llama"), CharTokenizer(), f"liger:{W}", tmp_path / "split", TrainConfig(**kwargs)
+    )
     assert resumed["finished"] and resumed["stages"]["finetune"]["steps"] == 4
     assert resumed["stages"]["finetune"]["best_val"] == pytest.approx(stage["best_val"], rel=1e-6)
     log = [json.loads(x) for x in (tmp_path / "split" / "finetune" / "log.jsonl").read_text().splitlines()]
@@ -585,7 +591,7 @@ def test_train_liger_one_lora_stage_resumes_then_loads(tmp_path, alpaca_file, mo
             CharTokenizer(),
             f"liger:{W}",
             tmp_path / "none",
-            **{**kwargs, "finetune_tokens": 0},
+            TrainConfig(**{**kwargs, "finetune_tokens": 0}),
         )
 
 
@@ -658,7 +664,7 @@ def test_swa_lora_trains_lolcats_stage2_recipe_then_loads_and_reverts(tmp_path, 
         convert_options={"feature_map": "hedgehog", "init": "identity", "affine": False},
     )  # fmt: skip
     model = tiny_model("llama")
-    summary = train_baseline(model, CharTokenizer(), spec, tmp_path / "run", **kwargs)
+    summary = train_baseline(model, CharTokenizer(), spec, tmp_path / "run", TrainConfig(**kwargs))
     assert summary["finished"] and set(summary["stages"]) == {"finetune"}
     stage = summary["stages"]["finetune"]
     assert stage["lr"] == pytest.approx(1e-3) and stage["best_val"] < stage["first_val"]
@@ -695,18 +701,28 @@ def test_start_from_a_stage1_checkpoint_on_longer_chunks(tmp_path, alpaca_file):
         eval_every=2, save_every=1, val_batches=1, progress=False,
     )  # fmt: skip
     short = tiny_model("llama")
-    train_baseline(short, CharTokenizer(), f"lolcats:{W}", tmp_path / "short", seq_len=32, **kwargs)
+    train_baseline(
+        short, CharTokenizer(), f"lolcats:{W}", tmp_path / "short", TrainConfig(seq_len=32, **kwargs)
+    )
     stage1 = tmp_path / "short" / "transfer" / "best.safetensors"
     model = tiny_model("llama")
     summary = train_baseline(
-        model, CharTokenizer(), f"lolcats:{W}", tmp_path / "long", seq_len=64, start_from=stage1, **kwargs
+        model,
+        CharTokenizer(),
+        f"lolcats:{W}",
+        tmp_path / "long",
+        TrainConfig(seq_len=64, start_from=stage1, **kwargs),
     )
     config = json.loads((tmp_path / "long" / "config.json").read_text())
     assert config["start_from"]["file"] == "best.safetensors" and len(config["start_from"]["sha256"]) == 64
     assert config["data"]["source"] == "alpaca.jsonl" and len(config["data"]["sha256"]) == 64
     # Step 0 of the long run evaluates the short run's maps, not the identity initialisation.
     fresh = train_baseline(
-        tiny_model("llama"), CharTokenizer(), f"lolcats:{W}", tmp_path / "fresh", seq_len=64, **kwargs
+        tiny_model("llama"),
+        CharTokenizer(),
+        f"lolcats:{W}",
+        tmp_path / "fresh",
+        TrainConfig(seq_len=64, **kwargs),
     )
     assert summary["stages"]["transfer"]["first_val"] != pytest.approx(
         fresh["stages"]["transfer"]["first_val"]
@@ -717,13 +733,12 @@ def test_start_from_a_stage1_checkpoint_on_longer_chunks(tmp_path, alpaca_file):
         CharTokenizer(),
         f"lolcats:{W}",
         tmp_path / "short2",
-        seq_len=32,
-        **{**kwargs, "finetune_tokens": 64},
+        TrainConfig(seq_len=32, **{**kwargs, "finetune_tokens": 64}),
     )
     with pytest.raises(ValueError, match="holds LoRA"):
         train_baseline(
-            tiny_model("llama"), CharTokenizer(), f"lolcats:{W}", tmp_path / "bad", seq_len=64,
-            start_from=tmp_path / "short2" / "model.safetensors", **kwargs,
+            tiny_model("llama"), CharTokenizer(), f"lolcats:{W}", tmp_path / "bad", TrainConfig(seq_len=64,
+            start_from=tmp_path / "short2" / "model.safetensors", **kwargs),
         )  # fmt: skip
 
 
@@ -771,9 +786,11 @@ def test_one_trainer_per_run_folder_and_each_session_is_logged(tmp_path, alpaca_
                   progress=False)  # fmt: skip
     out = tmp_path / "run"
     with RunLock(out), pytest.raises(RunLockedError, match="another run"):
-        train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, **kwargs)
+        train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, TrainConfig(**kwargs))
     assert not (out / "finetune").exists()  # refused before anything was written
-    train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, **kwargs)
-    train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, **kwargs)  # done: skips
+    train_baseline(tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, TrainConfig(**kwargs))
+    train_baseline(
+        tiny_model("llama"), CharTokenizer(), f"liger:{W}", out, TrainConfig(**kwargs)
+    )  # done: skips
     sessions = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
     assert len(sessions) == 2 and all(s["spec"] == f"liger:{W}" and "machine" in s for s in sessions)

@@ -1,8 +1,8 @@
 """Training the linear-attention baselines and SWA + LoRA: data, the two stages, the loop, curves, CLI.
 
-    >>> from sinkwindow.train import train_baseline
-    >>> train_baseline(model, "lolcats:256", "runs/lolcats256", data="alpaca.jsonl",
-    ...                transfer_tokens=1_000_000, finetune_tokens=1_000_000)
+    >>> from sinkwindow.train import TrainConfig, train_baseline
+    >>> train_baseline(model, tokenizer, "lolcats:256", "runs/lolcats256",
+    ...                TrainConfig(data="alpaca.jsonl", transfer_tokens=1_000_000, finetune_tokens=1_000_000))
 
 ``data`` packs training text into chunks; ``transfer`` is stage 1 (feature maps and window factors
 mimic softmax attention), ``finetune`` stage 2's next-token loss on the LoRA adapters
@@ -20,7 +20,14 @@ __all__ = lazy_package(
         ".curves": ["plot_curves", "read_log"],
         ".data": ["PackedData", "load_training_data", "pack"],
         ".finetune": ["lm_step"],
-        ".trainer": ["StageConfig", "StageResult", "recipe_for", "run_stage", "train_baseline"],
+        ".trainer": [
+            "StageConfig",
+            "StageResult",
+            "TrainConfig",
+            "recipe_for",
+            "run_stage",
+            "train_baseline",
+        ],
         ".transfer": ["prepare_transfer", "reference_transfer_loss", "transfer_step"],
     },
 )

@@ -57,7 +57,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import sinkwindow
 
     from ..spec import parse_spec
-    from .trainer import train_baseline
+    from .trainer import TrainConfig, train_baseline
 
     spec = parse_spec(args.method)
     if args.threads:
@@ -112,11 +112,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     device = resolve.resolve_device(args.device)  # the trainer follows the model's device
     model, tok = sinkwindow.load(args.model, dtype=torch.float32, device=device)
     logging.getLogger(__name__).info("training %s: %d + %d tokens into %s", spec, transfer, finetune, out)
-    summary = train_baseline(
-        model,
-        tok,
-        str(spec),
-        out,
+    config = TrainConfig(
         data=args.data,
         transfer_tokens=transfer,
         finetune_tokens=finetune,
@@ -137,6 +133,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         model_name=args.model,
         start_from=args.start_from,
     )
+    summary = train_baseline(model, tok, str(spec), out, config)
     try:
         from .curves import plot_curves
 

@@ -51,7 +51,7 @@ from ..runs.sessions import start_session
 from ..spec import parse_spec
 from .data import PackedData, load_training_data
 
-__all__ = ["Recipe", "StageConfig", "StageResult", "recipe_for", "run_stage", "train_baseline"]
+__all__ = ["Recipe", "StageConfig", "StageResult", "TrainConfig", "recipe_for", "run_stage", "train_baseline"]
 
 logger = logging.getLogger(__name__)
 
@@ -302,218 +302,270 @@ def run_stage(
     Returns:
         A ``StageResult``. When finished, the model holds the best checkpoint's tensors.
     """
-    from tqdm.auto import tqdm
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done_path, state_path = out / "done.json", out / "trainer.pt"
-    seq_len = data.train_ids.shape[1]
-    steps_total = cfg.steps(seq_len)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * seq_len
-    meta = dict(meta or {}, stage=cfg.stage, stage_config=asdict(cfg))
-    device = next(model.parameters()).device
-
-    if resume and done_path.exists():
-        result = StageResult(**json.loads(done_path.read_text()))
-        if result.steps >= steps_total:
-            best = out / "best.safetensors"
-            load_checkpoint(model, best if best.exists() else out / "last.safetensors")
-            logger.info("%s already done (%d steps); loaded its best checkpoint", cfg.stage, result.steps)
-            return result
-        # A larger budget than last time: carry on from the last step (``trainer.pt``).
-        logger.info("extending %s from %d to %d steps", cfg.stage, result.steps, steps_total)
-        done_path.unlink()
-
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        opt, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
-    )
-    step, wall_prev, best_val, best_step, first_val, train_loss = 0, 0.0, math.inf, None, None, None
-    val_key, val_changed = _val_key(data, cfg.val_batches, cfg.batch_size), False
-    if resume and state_path.exists():
-        load_checkpoint(model, out / "last.safetensors")
-        # On the CPU first: a run may resume on another device than it was saved from (a GPU run
-        # continued on a CPU box); the optimiser moves its state to the parameters' device.
-        st = torch.load(state_path, weights_only=False, map_location="cpu")
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        step, wall_prev = st["step"], st["wall_s"]
-        if dropped := _trim_log(out / "log.jsonl", step):
-            logger.info("dropped %d log rows written after the saved step %d", dropped, step)
-        best_val, best_step, first_val, train_loss = (
-            st["best_val"],
-            st["best_step"],
-            st["first_val"],
-            st["train_loss"],
-        )
-        torch.set_rng_state(st["rng"])
-        logger.info("resuming %s at step %d/%d", cfg.stage, step, steps_total)
-        if _saved_val_key(st, out, data, cfg) != val_key:
-            # Another validation set (more chunks, say): its losses are not comparable with the
-            # saved best, so the best and the plateau schedule start again from this step.
-            val_changed = True
-            best_val, best_step = math.inf, None
-            sched.best, sched.num_bad_epochs = sched.mode_worse, 0
-            logger.info(
-                "%s: the validation set changed; the best checkpoint restarts at step %d", cfg.stage, step
-            )
+    run = _StageRun(model, params, step_fn, data, cfg, out, meta, progress)
+    if resume and (done := run.already_done()) is not None:
+        return done
+    if resume and run.state_path.exists():
+        run.restore()
     else:
         # A fresh start: nothing of an earlier run in this folder may be mistaken for this one.
         for name in ("log.jsonl", "done.json", "trainer.pt", "last.safetensors", "best.safetensors"):
             (out / name).unlink(missing_ok=True)
-
-    t0 = time.perf_counter()
-
-    def wall() -> float:
-        return wall_prev + time.perf_counter() - t0
-
-    last_save = time.perf_counter()
-
-    def save_state() -> None:
-        nonlocal last_save
-        last_save = time.perf_counter()
-        save_checkpoint(model, out / "last.safetensors", **meta, step=step, tokens=step * tokens_per_step)
-        state = {
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            "step": step,
-            "wall_s": wall(),
-            "best_val": best_val,
-            "best_step": best_step,
-            "first_val": first_val,
-            "train_loss": train_loss,
-            "rng": torch.get_rng_state(),
-            "val_key": val_key,
-        }
-        tmp = state_path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, state_path)
-
-    def evaluate() -> float:
-        nonlocal best_val, best_step, first_val
-        val = _evaluate(model, step_fn, data, cfg, device)
-        if first_val is None:
-            first_val = val
-        sched.step(val)
-        if val < best_val:
-            best_val, best_step = val, step
-            save_checkpoint(
-                model,
-                out / "best.safetensors",
-                **meta,
-                step=step,
-                tokens=step * tokens_per_step,
-                val_loss=val,
-            )
-        _log(
-            out / "log.jsonl",
-            {
-                "step": step,
-                "tokens": step * tokens_per_step,
-                "val_loss": val,
-                "val_chunks": _val_rows(data, cfg.val_batches, cfg.batch_size),
-                "val_key": val_key,
-                "lr": opt.param_groups[0]["lr"],
-                "wall_s": round(wall(), 1),
-            },
-        )
-        if not progress:
-            # Without a bar a long run would be silent: one line per validation instead.
-            NOTICES.info(
-                f"{cfg.stage} step {step}/{steps_total} ({step * tokens_per_step:,} tokens): val {val:.4g}, "
-                f"best {best_val:.4g}, train {train_loss if train_loss is None else f'{train_loss:.4g}'}, "
-                f"{wall():.0f} s"
-            )
-        return val
-
-    if step == 0 or val_changed:
-        evaluate()
-        if val_changed:
-            save_state()
-    bar = tqdm(
-        total=steps_total, initial=step, desc=cfg.stage, unit="step", disable=not progress, dynamic_ncols=True
-    )
-    finished = True
-    session_start = time.perf_counter()
-    with _StopRequest() as stop:
-        while step < steps_total:
-            if cfg.max_minutes is not None and time.perf_counter() - session_start > 60 * cfg.max_minutes:
-                finished = False
-                break
-            model.train()
-            ts = time.perf_counter()
-            rng = torch.get_rng_state()
-            loss = 0.0
-            for micro in range(cfg.grad_accum):
-                if stop.signal is not None:
-                    break
-                x, y = _batch(
-                    data.train_ids, data.train_labels, step * cfg.grad_accum + micro, cfg.batch_size
-                )
-                loss += (
-                    step_fn(model, x.to(device), y.to(device), scale=1.0 / cfg.grad_accum)["loss"]
-                    / cfg.grad_accum
-                )
-            if stop.signal is not None:
-                # The parameters are still those of ``step``: drop the partial gradients and the
-                # random draws of the unfinished step, then save below as an unfinished stage.
-                opt.zero_grad(set_to_none=True)
-                torch.set_rng_state(rng)
-                finished = False
-                break
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            train_loss = loss
-            tok_s = tokens_per_step / (time.perf_counter() - ts)
-            _log(
-                out / "log.jsonl",
-                {
-                    "step": step,
-                    "tokens": step * tokens_per_step,
-                    "train_loss": loss,
-                    "tok_s": round(tok_s, 1),
-                    "wall_s": round(wall(), 1),
-                },
-            )
-            evaluated = step % cfg.eval_every == 0 or step == steps_total
-            if evaluated:
-                evaluate()
-            bar.update(1)
-            bar.set_postfix(
-                loss=f"{loss:.4g}",
-                best_val=f"{best_val:.4g}",
-                lr=f"{opt.param_groups[0]['lr']:.1e}",
-                tok_s=f"{tok_s:.0f}",
-            )
-            overdue = cfg.save_minutes is not None and time.perf_counter() - last_save > 60 * cfg.save_minutes
-            if evaluated or overdue or step % cfg.save_every == 0 or step == steps_total:
-                save_state()
-    bar.close()
+    run.start_clock()
+    if run.step == 0 or run.val_changed:
+        run.evaluate()
+        if run.val_changed:
+            run.save_state()
+    finished = run.train()
     if not finished:
-        save_state()
+        run.save_state()
     model.eval()
-    result = StageResult(
-        stage=cfg.stage,
-        finished=finished,
-        steps=step,
-        steps_total=steps_total,
-        tokens=step * tokens_per_step,
-        wall_s=round(wall(), 1),
-        tokens_per_s=round(step * tokens_per_step / max(wall(), 1e-9), 1),
-        best_val=None if math.isinf(best_val) else best_val,
-        best_step=best_step,
-        first_val=first_val,
-        last_train_loss=train_loss,
-        lr=opt.param_groups[0]["lr"],
-        out_dir=str(out),
-    )
+    result = run.result(finished)
     if finished:
         # LoLCATs' load_best_model_at_end.
         load_checkpoint(model, out / "best.safetensors")
-        done_path.write_text(json.dumps(asdict(result), indent=2))
+        run.done_path.write_text(json.dumps(asdict(result), indent=2))
     return result
+
+
+class _StageRun:
+    """One stage's optimiser, schedule and resumable state, and the steps that move them (``run_stage``).
+
+    What ``trainer.pt`` holds is exactly :meth:`save_state`'s dict; :meth:`restore` reads it back.
+    """
+
+    def __init__(self, model, params, step_fn, data: PackedData, cfg: StageConfig, out: Path, meta, progress):
+        self.model, self.params, self.step_fn, self.data, self.cfg, self.out = (
+            model,
+            params,
+            step_fn,
+            data,
+            cfg,
+            out,
+        )
+        self.progress = progress
+        self.done_path, self.state_path = out / "done.json", out / "trainer.pt"
+        self.steps_total = cfg.steps(data.train_ids.shape[1])
+        self.tokens_per_step = cfg.batch_size * cfg.grad_accum * data.train_ids.shape[1]
+        self.meta = dict(meta or {}, stage=cfg.stage, stage_config=asdict(cfg))
+        self.device = next(model.parameters()).device
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            self.opt, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
+        )
+        self.step, self.wall_prev, self.best_val, self.best_step = 0, 0.0, math.inf, None
+        self.first_val: float | None = None
+        self.train_loss: float | None = None
+        self.val_key, self.val_changed = _val_key(data, cfg.val_batches, cfg.batch_size), False
+        self.t0 = self.last_save = time.perf_counter()
+
+    def already_done(self) -> StageResult | None:
+        """The finished stage's result (its best checkpoint loaded), or ``None`` to train.
+
+        A ``done.json`` of fewer steps than the budget asks now is removed: training carries on
+        from the last step (``trainer.pt``).
+        """
+        if not self.done_path.exists():
+            return None
+        result = StageResult(**json.loads(self.done_path.read_text()))
+        if result.steps >= self.steps_total:
+            best = self.out / "best.safetensors"
+            load_checkpoint(self.model, best if best.exists() else self.out / "last.safetensors")
+            logger.info(
+                "%s already done (%d steps); loaded its best checkpoint", self.cfg.stage, result.steps
+            )
+            return result
+        logger.info("extending %s from %d to %d steps", self.cfg.stage, result.steps, self.steps_total)
+        self.done_path.unlink()
+        return None
+
+    def restore(self) -> None:
+        """Continue from ``trainer.pt`` and ``last.safetensors``."""
+        cfg, out = self.cfg, self.out
+        load_checkpoint(self.model, out / "last.safetensors")
+        # On the CPU first: a run may resume on another device than it was saved from (a GPU run
+        # continued on a CPU box); the optimiser moves its state to the parameters' device.
+        st = torch.load(self.state_path, weights_only=False, map_location="cpu")
+        self.opt.load_state_dict(st["optimizer"])
+        self.sched.load_state_dict(st["scheduler"])
+        self.step, self.wall_prev = st["step"], st["wall_s"]
+        if dropped := _trim_log(out / "log.jsonl", self.step):
+            logger.info("dropped %d log rows written after the saved step %d", dropped, self.step)
+        self.best_val, self.best_step = st["best_val"], st["best_step"]
+        self.first_val, self.train_loss = st["first_val"], st["train_loss"]
+        torch.set_rng_state(st["rng"])
+        logger.info("resuming %s at step %d/%d", cfg.stage, self.step, self.steps_total)
+        if _saved_val_key(st, out, self.data, cfg) != self.val_key:
+            # Another validation set (more chunks, say): its losses are not comparable with the
+            # saved best, so the best and the plateau schedule start again from this step.
+            self.val_changed = True
+            self.best_val, self.best_step = math.inf, None
+            self.sched.best, self.sched.num_bad_epochs = self.sched.mode_worse, 0
+            logger.info(
+                "%s: the validation set changed; the best checkpoint restarts at step %d",
+                cfg.stage,
+                self.step,
+            )
+
+    def start_clock(self) -> None:
+        self.t0 = self.last_save = time.perf_counter()
+
+    def wall(self) -> float:
+        """Training seconds over every session of this stage."""
+        return self.wall_prev + time.perf_counter() - self.t0
+
+    def save_state(self) -> None:
+        self.last_save = time.perf_counter()
+        tokens = self.step * self.tokens_per_step
+        save_checkpoint(self.model, self.out / "last.safetensors", **self.meta, step=self.step, tokens=tokens)
+        state = {
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "step": self.step,
+            "wall_s": self.wall(),
+            "best_val": self.best_val,
+            "best_step": self.best_step,
+            "first_val": self.first_val,
+            "train_loss": self.train_loss,
+            "rng": torch.get_rng_state(),
+            "val_key": self.val_key,
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.state_path)
+
+    def evaluate(self) -> float:
+        """Validation loss now; steps the plateau schedule, keeps the best checkpoint, logs it."""
+        cfg, tokens = self.cfg, self.step * self.tokens_per_step
+        val = _evaluate(self.model, self.step_fn, self.data, cfg, self.device)
+        if self.first_val is None:
+            self.first_val = val
+        self.sched.step(val)
+        if val < self.best_val:
+            self.best_val, self.best_step = val, self.step
+            save_checkpoint(
+                self.model,
+                self.out / "best.safetensors",
+                **self.meta,
+                step=self.step,
+                tokens=tokens,
+                val_loss=val,
+            )
+        _log(
+            self.out / "log.jsonl",
+            {
+                "step": self.step,
+                "tokens": tokens,
+                "val_loss": val,
+                "val_chunks": _val_rows(self.data, cfg.val_batches, cfg.batch_size),
+                "val_key": self.val_key,
+                "lr": self.opt.param_groups[0]["lr"],
+                "wall_s": round(self.wall(), 1),
+            },
+        )
+        if not self.progress:
+            # Without a bar a long run would be silent: one line per validation instead.
+            train = self.train_loss if self.train_loss is None else f"{self.train_loss:.4g}"
+            NOTICES.info(
+                f"{cfg.stage} step {self.step}/{self.steps_total} ({tokens:,} tokens): val {val:.4g}, "
+                f"best {self.best_val:.4g}, train {train}, {self.wall():.0f} s"
+            )
+        return val
+
+    def optimiser_step(self, stop: _StopRequest) -> float | None:
+        """One optimiser step over ``grad_accum`` micro-batches: its mean loss, or ``None`` when a
+        signal arrived first (the parameters, gradients and random state are then those before it)."""
+        cfg = self.cfg
+        self.model.train()
+        rng = torch.get_rng_state()
+        loss = 0.0
+        for micro in range(cfg.grad_accum):
+            if stop.signal is not None:
+                break
+            x, y = _batch(
+                self.data.train_ids,
+                self.data.train_labels,
+                self.step * cfg.grad_accum + micro,
+                cfg.batch_size,
+            )
+            loss += (
+                self.step_fn(self.model, x.to(self.device), y.to(self.device), scale=1.0 / cfg.grad_accum)[
+                    "loss"
+                ]
+                / cfg.grad_accum
+            )
+        if stop.signal is not None:
+            # Drop the partial gradients and the random draws of the unfinished step; the caller
+            # saves the stage as unfinished.
+            self.opt.zero_grad(set_to_none=True)
+            torch.set_rng_state(rng)
+            return None
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.train_loss = loss
+        return loss
+
+    def train(self) -> bool:
+        """Steps until the budget is spent (``True``), ``max_minutes`` run out or a signal arrives."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        bar = tqdm(total=self.steps_total, initial=self.step, desc=cfg.stage, unit="step",
+                   disable=not self.progress, dynamic_ncols=True)  # fmt: skip
+        finished = True
+        session_start = time.perf_counter()
+        with _StopRequest() as stop:
+            while self.step < self.steps_total:
+                if cfg.max_minutes is not None and time.perf_counter() - session_start > 60 * cfg.max_minutes:
+                    finished = False
+                    break
+                ts = time.perf_counter()
+                loss = self.optimiser_step(stop)
+                if loss is None:
+                    finished = False
+                    break
+                tok_s = self.tokens_per_step / (time.perf_counter() - ts)
+                _log(
+                    self.out / "log.jsonl",
+                    {"step": self.step, "tokens": self.step * self.tokens_per_step, "train_loss": loss,
+                     "tok_s": round(tok_s, 1), "wall_s": round(self.wall(), 1)},
+                )  # fmt: skip
+                evaluated = self.step % cfg.eval_every == 0 or self.step == self.steps_total
+                if evaluated:
+                    self.evaluate()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4g}", best_val=f"{self.best_val:.4g}",
+                                lr=f"{self.opt.param_groups[0]['lr']:.1e}", tok_s=f"{tok_s:.0f}")  # fmt: skip
+                overdue = (
+                    cfg.save_minutes is not None
+                    and time.perf_counter() - self.last_save > 60 * cfg.save_minutes
+                )
+                if evaluated or overdue or self.step % cfg.save_every == 0 or self.step == self.steps_total:
+                    self.save_state()
+        bar.close()
+        return finished
+
+    def result(self, finished: bool) -> StageResult:
+        tokens, wall = self.step * self.tokens_per_step, self.wall()
+        return StageResult(
+            stage=self.cfg.stage,
+            finished=finished,
+            steps=self.step,
+            steps_total=self.steps_total,
+            tokens=tokens,
+            wall_s=round(wall, 1),
+            tokens_per_s=round(tokens / max(wall, 1e-9), 1),
+            best_val=None if math.isinf(self.best_val) else self.best_val,
+            best_step=self.best_step,
+            first_val=self.first_val,
+            last_train_loss=self.train_loss,
+            lr=self.opt.param_groups[0]["lr"],
+            out_dir=str(self.out),
+        )
 
 
 def _start_from(model: PreTrainedModel, path: str | os.PathLike) -> dict:
@@ -533,32 +585,54 @@ def _start_from(model: PreTrainedModel, path: str | os.PathLike) -> dict:
     return {"file": p.name, "sha256": file_sha256(p), "spec": meta["spec"], "steps": meta.get("step")}
 
 
+@dataclass
+class TrainConfig:
+    """How ``train_baseline`` trains (what ``sinkwindow train``'s flags set).
+
+    Attributes:
+        data: ``"essays"``, a JSONL/.txt path (``train.data.load_training_data``), or ``None``.
+        transfer_tokens, finetune_tokens: stage budgets; ``finetune_tokens=0`` skips stage 2.
+        lr_finetune, lora_alpha, lora_targets: ``None`` takes the spec's recipe (``recipe_for``):
+            1e-4, 16, q/k/v/o for LoLCATs and Hedgehog; 1e-3, 8, q/k/v for Liger.
+        convert_options: keyword arguments of ``convert``. For Liger the feature-map options at
+            their unset values (what the CLI always passes) are dropped.
+        start_from: a stage-1 checkpoint of the same spec (feature maps and window factors, no
+            LoRA) that a fresh run starts from instead of the initialisation, e.g. the paper
+            recipe's attention transfer continued on longer sequences. Ignored once the run has
+            saved state of its own (a resume continues from that).
+        max_minutes: stop resumably after this long (over both stages).
+        resume: continue a run found in the folder; ``False`` starts over.
+        model_name: what checkpoints record as the model (a registry name, not a machine path).
+    """
+
+    data: str | None = "essays"
+    transfer_tokens: int = 1_000_000
+    finetune_tokens: int = 2_000_000
+    seq_len: int = 1024
+    grad_accum: int = 8
+    lr_transfer: float = 1e-2
+    lr_finetune: float | None = None
+    eval_every: int = 100
+    save_every: int = 10
+    val_batches: int = 8
+    lora_r: int = 8
+    lora_alpha: float | None = None
+    lora_targets: list[str] | tuple[str, ...] | None = None
+    layer_group: int | None = None
+    max_minutes: float | None = None
+    resume: bool = True
+    progress: bool = True
+    convert_options: dict | None = None
+    model_name: str | None = None
+    start_from: str | os.PathLike | None = None
+
+
 def train_baseline(
     model: PreTrainedModel,
     tokenizer,
     spec: str,
     out_dir: str | os.PathLike,
-    *,
-    data: str | None = "essays",
-    transfer_tokens: int = 1_000_000,
-    finetune_tokens: int = 2_000_000,
-    seq_len: int = 1024,
-    grad_accum: int = 8,
-    lr_transfer: float = 1e-2,
-    lr_finetune: float | None = None,
-    eval_every: int = 100,
-    save_every: int = 10,
-    val_batches: int = 8,
-    lora_r: int = 8,
-    lora_alpha: float | None = None,
-    lora_targets: list[str] | tuple[str, ...] | None = None,
-    layer_group: int | None = None,
-    max_minutes: float | None = None,
-    resume: bool = True,
-    progress: bool = True,
-    convert_options: dict | None = None,
-    model_name: str | None = None,
-    start_from: str | os.PathLike | None = None,
+    config: TrainConfig | None = None,
 ) -> dict:
     """Convert ``model`` to ``spec`` and train it in its recipe's stages; write ``out_dir/model.safetensors``.
 
@@ -568,16 +642,6 @@ def train_baseline(
     does. ``liger:W`` has no stage 1 (``transfer_tokens`` is ignored) and trains LoRA on q/k/v on
     ``finetune_tokens``. Rerunning with the same folder resumes where the last session stopped.
 
-    Args:
-        lr_finetune, lora_alpha, lora_targets: ``None`` takes the spec's recipe (``recipe_for``):
-            1e-4, 16, q/k/v/o for LoLCATs and Hedgehog; 1e-3, 8, q/k/v for Liger.
-        convert_options: keyword arguments of ``convert``. For Liger the feature-map options at
-            their unset values (what the CLI always passes) are dropped.
-        start_from: a stage-1 checkpoint of the same spec (feature maps and window factors, no
-            LoRA) that a fresh run starts from instead of the initialisation, e.g. the paper
-            recipe's attention transfer continued on longer sequences. Ignored once the run has
-            saved state of its own (a resume continues from that).
-
     Returns:
         The run summary (also ``out_dir/summary.json``); ``"finished"`` is False when
         ``max_minutes`` ran out first.
@@ -586,24 +650,9 @@ def train_baseline(
         ValueError: Liger with no ``finetune_tokens`` (it has nothing else to train).
     """
     from ..linear.convert import convert, is_converted
-    from ..linear.lora import add_lora, lora_parameters
-    from .finetune import lm_step
-    from .transfer import prepare_transfer, transfer_step
 
+    cfg = _resolved(spec, config or TrainConfig())
     recipe = recipe_for(spec)
-    lr_finetune = recipe.lr_finetune if lr_finetune is None else lr_finetune
-    lora_alpha = recipe.lora_alpha if lora_alpha is None else lora_alpha
-    lora_targets = list(recipe.lora_targets if lora_targets is None else lora_targets)
-    two_stage = "transfer" in recipe.stages
-    if not two_stage:
-        if finetune_tokens <= 0:
-            raise ValueError(f"{spec} trains only LoRA (no attention transfer): give finetune_tokens > 0")
-        if transfer_tokens:
-            logger.info(
-                "%s has no attention-transfer stage; ignoring transfer_tokens=%d", spec, transfer_tokens
-            )
-        transfer_tokens = 0
-    convert_options = _convert_options(spec, convert_options)
     out = Path(out_dir)
     # One writer per run folder: two trainers on one folder would interleave their saves. (A run
     # refused below, e.g. on unreadable data, leaves no folder: RunLock removes one it made empty.)
@@ -611,82 +660,45 @@ def train_baseline(
         t_start = time.perf_counter()
         packed = load_training_data(
             tokenizer,
-            data,
-            seq_len=seq_len,
-            max_train_tokens=max(transfer_tokens, finetune_tokens),
-            val_chunks=val_batches,
+            cfg.data,
+            seq_len=cfg.seq_len,
+            max_train_tokens=max(cfg.transfer_tokens, cfg.finetune_tokens),
+            val_chunks=cfg.val_batches,
         )
-        start_session(
-            out, device=next(model.parameters()).device.type, spec=str(spec), threads=torch.get_num_threads()
-        )
-        config = {
+        device = next(model.parameters()).device.type
+        start_session(out, device=device, spec=str(spec), threads=torch.get_num_threads())
+        record = {
             "spec": str(spec),
-            "model": model_name,
+            "model": cfg.model_name,
             "data": packed.info,
-            "transfer_tokens": transfer_tokens,
-            "finetune_tokens": finetune_tokens,
-            "seq_len": seq_len,
-            "grad_accum": grad_accum,
-            "lr_transfer": lr_transfer,
-            "lr_finetune": lr_finetune,
-            "lora": {"r": lora_r, "alpha": lora_alpha, "targets": lora_targets},
+            **{k: getattr(cfg, k) for k in ("transfer_tokens", "finetune_tokens", "seq_len", "grad_accum")},
+            "lr_transfer": cfg.lr_transfer,
+            "lr_finetune": cfg.lr_finetune,
+            "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)},
             "stages": list(recipe.stages),
-            "convert_options": convert_options,
+            "convert_options": cfg.convert_options,
             "threads": torch.get_num_threads(),
-            "device": next(model.parameters()).device.type,
+            "device": device,
         }
         if not is_converted(model):
-            convert(model, spec, **convert_options)
-        if start_from is not None:
-            config["start_from"] = _start_from(model, start_from)
-        (out / "config.json").write_text(json.dumps(config, indent=2))
-        meta = {"data": packed.info, "model_name": model_name, "start_from": config.get("start_from")}
+            convert(model, spec, **cfg.convert_options)
+        if cfg.start_from is not None:
+            record["start_from"] = _start_from(model, cfg.start_from)
+        (out / "config.json").write_text(json.dumps(record, indent=2))
+        meta = {"data": packed.info, "model_name": cfg.model_name, "start_from": record.get("start_from")}
 
         def remaining() -> float | None:
-            return (
-                None if max_minutes is None else max(0.0, max_minutes - (time.perf_counter() - t_start) / 60)
-            )
+            spent = (time.perf_counter() - t_start) / 60
+            return None if cfg.max_minutes is None else max(0.0, cfg.max_minutes - spent)
 
-        summary: dict = {"spec": str(spec), "model": model_name, "data": packed.info, "stages": {}}
-        finished, resume2 = True, resume
-        if two_stage:
-            params = prepare_transfer(model)
-            s1 = StageConfig(
-                "transfer", lr=lr_transfer, tokens=transfer_tokens, grad_accum=grad_accum, eval_every=eval_every,
-                save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
-            )  # fmt: skip
-
-            def step1(m, x, y, scale=1.0, backward=True):
-                return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=layer_group)
-
-            done1 = out / "transfer" / "done.json"
-            steps_before = json.loads(done1.read_text())["steps"] if resume and done1.exists() else None
-            r1 = run_stage(
-                model, params, step1, packed, s1, out / "transfer", meta, resume=resume, progress=progress
-            )
+        summary: dict = {"spec": str(spec), "model": cfg.model_name, "data": packed.info, "stages": {}}
+        finished, resume2 = True, cfg.resume
+        if "transfer" in recipe.stages:
+            r1, resume2 = _transfer_stage(model, packed, cfg, out, meta, remaining())
             summary["stages"]["transfer"] = asdict(r1)
             finished = r1.finished
-            # Stage 2 was trained on top of the old stage-1 maps; after extending stage 1 it starts over.
-            resume2 = resume and (steps_before is None or steps_before == r1.steps)
-        if finished and finetune_tokens > 0:
-            for p in model.parameters():
-                p.requires_grad_(False)
-            add_lora(model, r=lora_r, alpha=lora_alpha, targets=lora_targets)
-            s2 = StageConfig(
-                "finetune", lr=lr_finetune, tokens=finetune_tokens, grad_accum=grad_accum, eval_every=eval_every,
-                save_every=save_every, val_batches=val_batches, max_minutes=remaining(),
-            )  # fmt: skip
-            r2 = run_stage(
-                model,
-                lora_parameters(model),
-                lm_step,
-                packed,
-                s2,
-                out / "finetune",
-                meta,
-                resume=resume2,
-                progress=progress,
-            )
+        if finished and cfg.finetune_tokens > 0:
+            r2 = _finetune_stage(model, packed, cfg, out, meta, remaining(), resume2)
             summary["stages"]["finetune"] = asdict(r2)
             finished = r2.finished
         summary["finished"] = finished
@@ -699,3 +711,74 @@ def train_baseline(
             summary["checkpoint"] = str(ckpt)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def _resolved(spec: str, cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the recipe's values where it leaves them unset, and no stage-1 budget for a
+    recipe without stage 1."""
+    from dataclasses import replace
+
+    recipe = recipe_for(spec)
+    cfg = replace(
+        cfg,
+        lr_finetune=recipe.lr_finetune if cfg.lr_finetune is None else cfg.lr_finetune,
+        lora_alpha=recipe.lora_alpha if cfg.lora_alpha is None else cfg.lora_alpha,
+        lora_targets=list(recipe.lora_targets if cfg.lora_targets is None else cfg.lora_targets),
+        convert_options=_convert_options(spec, cfg.convert_options),
+    )
+    if "transfer" not in recipe.stages:
+        if cfg.finetune_tokens <= 0:
+            raise ValueError(f"{spec} trains only LoRA (no attention transfer): give finetune_tokens > 0")
+        if cfg.transfer_tokens:
+            logger.info(
+                "%s has no attention-transfer stage; ignoring transfer_tokens=%d", spec, cfg.transfer_tokens
+            )
+        cfg = replace(cfg, transfer_tokens=0)
+    return cfg
+
+
+def _stage_config(
+    stage: str, lr: float, tokens: int, cfg: TrainConfig, max_minutes: float | None
+) -> StageConfig:
+    return StageConfig(
+        stage, lr=lr, tokens=tokens, grad_accum=cfg.grad_accum, eval_every=cfg.eval_every,
+        save_every=cfg.save_every, val_batches=cfg.val_batches, max_minutes=max_minutes,
+    )  # fmt: skip
+
+
+def _transfer_stage(
+    model, packed, cfg: TrainConfig, out: Path, meta: dict, max_minutes
+) -> tuple[StageResult, bool]:
+    """Stage 1, attention transfer: its result, and whether stage 2 may resume (not after stage 1
+    was extended: stage 2 was trained on top of the old stage-1 maps, so it starts over)."""
+    from .transfer import prepare_transfer, transfer_step
+
+    params = prepare_transfer(model)
+    s1 = _stage_config("transfer", cfg.lr_transfer, cfg.transfer_tokens, cfg, max_minutes)
+
+    def step1(m, x, y, scale=1.0, backward=True):
+        return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=cfg.layer_group)
+
+    done1 = out / "transfer" / "done.json"
+    steps_before = json.loads(done1.read_text())["steps"] if cfg.resume and done1.exists() else None
+    r1 = run_stage(
+        model, params, step1, packed, s1, out / "transfer", meta, resume=cfg.resume, progress=cfg.progress
+    )
+    return r1, cfg.resume and (steps_before is None or steps_before == r1.steps)
+
+
+def _finetune_stage(
+    model, packed, cfg: TrainConfig, out: Path, meta: dict, max_minutes, resume: bool
+) -> StageResult:
+    """Stage 2: LoRA on the frozen (converted) model, next-token loss."""
+    from ..linear.lora import add_lora, lora_parameters
+    from .finetune import lm_step
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, targets=cfg.lora_targets)
+    s2 = _stage_config("finetune", cfg.lr_finetune, cfg.finetune_tokens, cfg, max_minutes)
+    params = lora_parameters(model)
+    return run_stage(
+        model, params, lm_step, packed, s2, out / "finetune", meta, resume=resume, progress=cfg.progress
+    )

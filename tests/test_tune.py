@@ -24,7 +24,7 @@ from sinkwindow.tuning import (
     tune,
     window_grid,
 )
-from sinkwindow.tuning.tune import EVAL_PPL_WINDOWS, measure, ppl_splits
+from sinkwindow.tuning.tune import EVAL_PPL_WINDOWS, TuneConfig, measure, ppl_splits
 
 CONTEXT = 512
 # The tiny pair: 2 layers x 2 KV heads x head_dim 8, float32 -> 64 bytes per KV head per token.
@@ -117,10 +117,8 @@ def test_measure_scores_with_the_runner_and_a_wilson_interval(pair):
 def tuned(pair, tmp_path_factory):
     model, tok = pair
     out = tmp_path_factory.mktemp("tune")
-    res = tune(
-        model, tok, BUDGET, CONTEXT, "niah_single_2", windows=[32, 64, 128], sinks=(0, 4), samples=2,
-        heldout_samples=2, calib_samples=2, progress=False, out=out,
-    )  # fmt: skip
+    search = TuneConfig(windows=[32, 64, 128], sinks=(0, 4), samples=2, heldout_samples=2, calib_samples=2)
+    res = tune(model, tok, BUDGET, CONTEXT, "niah_single_2", search, progress=False, out=out)
     return res, out
 
 
@@ -185,9 +183,9 @@ def test_outputs_are_written(tuned):
 def test_tune_refuses_shared_or_evaluation_seeds_and_bad_values(pair):
     model, tok = pair
     with pytest.raises(ValueError, match="both 7000000"):
-        tune(model, tok, BUDGET, CONTEXT, seed=CAL_SEED, heldout_seed=CAL_SEED)
+        tune(model, tok, BUDGET, CONTEXT, "niah", TuneConfig(seed=CAL_SEED, heldout_seed=CAL_SEED))
     with pytest.raises(ValueError, match="held-out seed 42 .* tune on the test set"):
-        tune(model, tok, BUDGET, CONTEXT, heldout_seed=42)
+        tune(model, tok, BUDGET, CONTEXT, "niah", TuneConfig(heldout_seed=42))
     with pytest.raises(ValueError, match="context must be a positive"):
         tune(model, tok, BUDGET, 0)
     with pytest.raises(ValueError, match="unknown task"):
@@ -198,8 +196,8 @@ def test_tune_refuses_shared_or_evaluation_seeds_and_bad_values(pair):
 
 def test_ppl_search_uses_disjoint_windows(pair):
     model, tok = pair
-    res = tune(model, tok, BUDGET, 256, "ppl", windows=[32], samples=1, heldout_samples=1, calib_samples=1,
-               calib_length=512, progress=False)  # fmt: skip
+    search = TuneConfig(windows=[32], samples=1, heldout_samples=1, calib_samples=1, calib_length=512)
+    res = tune(model, tok, BUDGET, 256, "ppl", search, progress=False)
     windows = res.seeds["ppl_windows"]
     assert not set(windows["calibration"]) & set(windows["heldout"])
     assert all(c.score is not None and c.score < 0 for c in res.candidates)  # negative NLL

@@ -47,6 +47,7 @@ __all__ = lazy_package(
             "HELDOUT_SEED",
             "Candidate",
             "Measurement",
+            "TuneConfig",
             "TuneResult",
             "measure",
             "pareto_front",

@@ -130,7 +130,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from ..eval.tasks import TASKS
-    from .tune import check_seeds, family_tasks, tune, write_tune
+    from .tune import TuneConfig, check_seeds, family_tasks, tune, write_tune
 
     check_seeds(args.seed, args.heldout_seed)  # before the model loads
     tasks = family_tasks(args.task)
@@ -154,12 +154,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"every --windows value is >= the context {args.context}: give windows below it")
     with RunLock(check_run_dir(args.out)):  # one writer per folder, from the model's load to the files
         model, tok = _load(args)
+        config = TuneConfig(
+            windows=windows, sinks=args.sinks, by=args.units, criterion=args.criterion, max_k=args.max_k,
+            samples=args.samples, heldout_samples=args.heldout_samples, calib_samples=args.calib_samples,
+            calib_length=args.calib_length, seed=args.seed, heldout_seed=args.heldout_seed,
+            chunk_size=args.chunk_size, batch_size=args.batch_size,
+        )  # fmt: skip
         result = tune(
-            model, tok, args.kv_budget, args.context, args.task, windows=windows, sinks=args.sinks, by=args.units,
-            criterion=args.criterion, max_k=args.max_k, samples=args.samples, heldout_samples=args.heldout_samples,
-            calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
-            heldout_seed=args.heldout_seed, chunk_size=args.chunk_size, batch_size=args.batch_size,
-            progress=not args.no_progress, name=args.model,
+            model, tok, args.kv_budget, args.context, args.task, config, progress=not args.no_progress, name=args.model,
         )  # fmt: skip
         paths = write_tune(result, args.out)
     print(result.summary())

@@ -70,6 +70,7 @@ __all__ = [
     "plot_frontier",
     "ppl_splits",
     "tune",
+    "TuneConfig",
     "window_grid",
     "write_tune",
 ]
@@ -436,44 +437,62 @@ def check_seeds(seed: int, heldout_seed: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class TuneConfig:
+    """The search :func:`tune` runs (what ``sinkwindow tune``'s flags set).
+
+    Attributes:
+        windows: the W grid (default: :func:`window_grid`, powers of two from 64 below the context).
+        sinks: the S values (``(0, 4)`` widens the search; default 4 only).
+        by: full units are ``"layer"`` or ``"head"`` (KV heads).
+        criterion: how units are ranked (``calibrate``; ``gates`` too): ``mass`` (one pass for every
+            base), ``nll`` or ``rank`` (one run per unit and base; slow).
+        max_k: at most this many full units (default: whatever the budget allows).
+        samples / heldout_samples: per task, on the calibration / held-out seed (ppl: windows).
+        calib_samples / calib_length: the S-NIAH prompts that score the units (default length: the
+            context).
+        seed / heldout_seed: of the calibration and held-out samples (neither an evaluation seed).
+        batch_size: samples decoded as one batch (default: the eval runner's).
+        last_queries: query positions the ``mass`` criterion averages over.
+    """
+
+    windows: Sequence[int] | None = None
+    sinks: Sequence[int] = (4,)
+    by: str = "layer"
+    criterion: str = "mass"
+    max_k: int | None = None
+    samples: int = 2
+    heldout_samples: int = 3
+    calib_samples: int = 4
+    calib_length: int | None = None
+    seed: int = CAL_SEED
+    heldout_seed: int = HELDOUT_SEED
+    chunk_size: int = 512
+    batch_size: int | None = None
+    last_queries: int = LAST_QUERIES
+
+
 def tune(
     model,
     tokenizer,
     kv_budget_bytes: int,
     context: int,
     task: str = "niah",
+    config: TuneConfig | None = None,
     *,
-    windows: Sequence[int] | None = None,
-    sinks: Sequence[int] = (4,),
-    by: str = "layer",
-    criterion: str = "mass",
-    max_k: int | None = None,
-    samples: int = 2,
-    heldout_samples: int = 3,
-    calib_samples: int = 4,
-    calib_length: int | None = None,
-    seed: int = CAL_SEED,
-    heldout_seed: int = HELDOUT_SEED,
-    chunk_size: int = 512,
-    batch_size: int | None = None,
-    last_queries: int = LAST_QUERIES,
     progress: bool = True,
     name: str | None = None,
     out: str | Path | None = None,
 ) -> TuneResult:
     """Find the best ``swa:W:S[+full:...]`` within ``kv_budget_bytes`` at ``context`` tokens.
 
+    Every candidate (a base ``swa:W:S`` whose cache fits, plus the K best full units the budget
+    leaves room for, for each K) is scored on calibration samples; the best, full attention and the
+    best's base are then measured on held-out samples of another seed.
+
     Args:
         task: ``"niah"`` (S-NIAH-1/2/3 average), ``"babilong"`` (QA1-5), ``"ppl"``, or one runner task.
-        windows: the W grid (default: :func:`window_grid`, powers of two from 64 below ``context``).
-        sinks: the S values (``(0, 4)`` widens the search; default 4 only).
-        by: full units are ``"layer"`` or ``"head"`` (KV heads).
-        criterion: how units are ranked (``calibrate``; ``gates`` too): ``mass`` (one pass for every base), ``nll``
-            or ``rank`` (one run per unit and base; slow).
-        max_k: at most this many full units (default: whatever the budget allows).
-        samples / heldout_samples: per task, on the calibration / held-out seed (ppl: windows).
-        calib_samples / calib_length: the S-NIAH prompts that score the units (default length: the
-            context).
+        config: the search (:class:`TuneConfig`; default: its defaults).
         out: also write ``frontier.json``, ``frontier.png`` and ``tune.json`` there.
 
     Returns:
@@ -483,123 +502,59 @@ def tune(
         ValueError: a bad context, task, criterion or seed, or a budget no candidate fits.
     """
     t0 = time.perf_counter()
-    if context <= 0:
-        raise ValueError(f"context must be a positive number of tokens, got {context}: e.g. --context 4096")
-    if kv_budget_bytes <= 0:
-        raise ValueError(
-            f"the KV budget must be positive, got {kv_budget_bytes} bytes: e.g. --kv-budget 24MiB"
-        )
-    if criterion not in CRITERIA:
-        raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
-    tasks = family_tasks(task)
-    check_seeds(seed, heldout_seed)
+    cfg = config or TuneConfig()
+    tasks = _check_tune(kv_budget_bytes, context, task, cfg)
     name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
-    config, dtype = model.config, model.dtype
-    kv_heads = kv_geometry(config)[2]
-    units = model_units(config, by)
     plan = plan_candidates(
-        config, context, kv_budget_bytes, dtype=dtype, windows=windows, sinks=sinks, by=by, max_k=max_k
+        model.config, context, kv_budget_bytes, dtype=model.dtype, windows=cfg.windows, sinks=cfg.sinks,
+        by=cfg.by, max_k=cfg.max_k,
+    )  # fmt: skip
+    ppl_windows = (
+        ppl_splits(tokenizer, context, cfg.samples, cfg.heldout_samples) if tasks == ("ppl",) else None
     )
-    ppl_windows = ppl_splits(tokenizer, context, samples, heldout_samples) if tasks == ("ppl",) else None
-
-    # Units are scored once per base; bases the budget gives no full unit need none.
-    scored = [base for base, k in plan if k > 0]
-    unit_scores: dict[str, dict] = {}
-    if scored:
-        prompts = calibration_prompts(tokenizer, calib_samples, calib_length or context, seed)
-        unit_scores = score_units(
-            model, prompts, scored, units, [criterion], chunk_size=chunk_size, last_queries=last_queries,
-            progress=progress,
-        )  # fmt: skip
-
-    candidates: list[Candidate] = []
-    for base, k_max in plan:
-        ranked = (
-            select_units(
-                units, unit_scores[str(base)][criterion], k_max, higher_is_better=criterion != "rank"
-            )
-            if k_max
-            else []
-        )
-        for k in range(k_max + 1):
-            spec = spec_with_units(base, ranked[:k], kv_heads)
-            cost = analytic_state_bytes(spec, config, context, dtype=dtype)
-            if cost > kv_budget_bytes:  # cannot happen for uniform layers; kept as the exact check
-                break
-            candidates.append(
-                Candidate(str(spec), base.window, base.sinks, k, [unit_label(u) for u in ranked[:k]], cost)
-            )
-    full_cost = analytic_state_bytes(MethodSpec("full"), config, context, dtype=dtype)
-    # Full attention is measured for reference even over the budget (it is then no candidate).
-    candidates.append(
-        Candidate("full", None, None, len(units), [], full_cost, in_budget=full_cost <= kv_budget_bytes)
-    )
-
+    candidates, unit_scores = _candidates(model, tokenizer, plan, context, kv_budget_bytes, cfg, progress)
+    runs = dict(task=task, context=context, chunk_size=cfg.chunk_size, batch_size=cfg.batch_size, name=name)
     try:
         calibration = _measure_all(
-            model, tokenizer, [c.spec for c in candidates], task, context, samples,
-            None if ppl_windows else seed, ppl_windows[0] if ppl_windows else None,
-            chunk_size, batch_size, name, progress,
+            model, tokenizer, [c.spec for c in candidates], samples=cfg.samples,
+            seed=None if ppl_windows else cfg.seed, windows=ppl_windows[0] if ppl_windows else None,
+            progress=progress, **runs,
         )  # fmt: skip
-        for c in candidates:
-            m = calibration[c.spec]
-            c.score, c.lo, c.hi, c.n, c.seconds = m.score, m.lo, m.hi, m.n, m.seconds
-        inside = [c for c in candidates if c.in_budget]
-        for c, on in zip(inside, pareto_front([(c.kv_bytes, c.score) for c in inside])):
-            c.on_frontier = on
-        order = {id(c): i for i, c in enumerate(inside)}
-        best = max(inside, key=lambda c: (c.score, -c.kv_bytes, -order[id(c)]))
+        best = _choose(candidates, calibration)
         base_of_best = str(parse_spec(best.spec).base) if best.spec != "full" else None
         reported = list(dict.fromkeys([best.spec, "full", *([base_of_best] if base_of_best else [])]))
         heldout = _measure_all(
-            model, tokenizer, reported, task, context, heldout_samples,
-            None if ppl_windows else heldout_seed, ppl_windows[1] if ppl_windows else None,
-            chunk_size, batch_size, name, False,
+            model, tokenizer, reported, samples=cfg.heldout_samples,
+            seed=None if ppl_windows else cfg.heldout_seed, windows=ppl_windows[1] if ppl_windows else None,
+            progress=False, **runs,
         )  # fmt: skip
     finally:
         use_method(model, "full")  # whatever happened, the caller's model runs full attention again
     if ppl_windows:
         assert not set(ppl_windows[0]) & set(ppl_windows[1]), "calibration and held-out windows overlap"
-
     result = TuneResult(
         model=name,
         task=task,
         tasks=list(tasks),
         context=context,
         kv_budget_bytes=int(kv_budget_bytes),
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=str(model.dtype).removeprefix("torch."),
         best=best.spec,
         candidates=candidates,
         calibration={s: calibration[s] for s in reported},
         heldout=heldout,
         seeds={
-            "calibration": None if ppl_windows else seed,
-            "heldout": None if ppl_windows else heldout_seed,
-            "unit_calibration": seed,
+            "calibration": None if ppl_windows else cfg.seed,
+            "heldout": None if ppl_windows else cfg.heldout_seed,
+            "unit_calibration": cfg.seed,
             "evaluation_seeds_avoided": [EVAL_SEEDS.start, EVAL_SEEDS.stop - 1],
             "ppl_windows": {"calibration": ppl_windows[0], "heldout": ppl_windows[1]}
             if ppl_windows
             else None,
         },
-        settings={
-            "windows": sorted({b.window for b, _ in plan}),
-            "windows_asked": list(windows) if windows is not None else window_grid(context),
-            "sinks": sorted(set(sinks)),
-            "by": by,
-            "criterion": criterion,
-            "max_k": max_k,
-            "samples": samples,
-            "heldout_samples": heldout_samples,
-            "calib_samples": calib_samples,
-            "calib_length": calib_length or context,
-            "chunk_size": chunk_size,
-            "batch_size": batch_size,
-            "last_queries": last_queries,
-            "niah_max_new_tokens": "auto (answer tokens + 16)",
-            "babilong_facts": "generated",
-        },
+        settings=_tune_settings(cfg, plan, context),
         unit_scores={
-            b: {"units": [unit_label(u) for u in units], **{k: v for k, v in s.items()}}
+            b: {"units": [unit_label(u) for u in model_units(model.config, cfg.by)], **dict(s)}
             for b, s in unit_scores.items()
         },
         seconds=round(time.perf_counter() - t0, 1),
@@ -607,6 +562,89 @@ def tune(
     if out is not None:
         write_tune(result, out)
     return result
+
+
+def _check_tune(kv_budget_bytes: int, context: int, task: str, cfg: TuneConfig) -> tuple[str, ...]:
+    """The tasks of ``task``, after refusing what no search can run, each with the fix."""
+    if context <= 0:
+        raise ValueError(f"context must be a positive number of tokens, got {context}: e.g. --context 4096")
+    if kv_budget_bytes <= 0:
+        raise ValueError(
+            f"the KV budget must be positive, got {kv_budget_bytes} bytes: e.g. --kv-budget 24MiB"
+        )
+    if cfg.criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {cfg.criterion!r}: choose from {', '.join(CRITERIA)}")
+    tasks = family_tasks(task)
+    check_seeds(cfg.seed, cfg.heldout_seed)
+    return tasks
+
+
+def _candidates(model, tokenizer, plan, context: int, budget: int, cfg: TuneConfig, progress: bool):
+    """``(candidates, unit scores)``: every base with 0..K of its best units kept full, within the
+    budget, then full attention (measured for reference even over the budget, when it is no candidate).
+
+    Units are scored once per base; bases the budget gives no full unit need none.
+    """
+    config, dtype = model.config, model.dtype
+    kv_heads = kv_geometry(config)[2]
+    units = model_units(config, cfg.by)
+    scored = [base for base, k in plan if k > 0]
+    unit_scores: dict[str, dict] = {}
+    if scored:
+        prompts = calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
+        unit_scores = score_units(
+            model, prompts, scored, units, [cfg.criterion], chunk_size=cfg.chunk_size,
+            last_queries=cfg.last_queries, progress=progress,
+        )  # fmt: skip
+    candidates: list[Candidate] = []
+    for base, k_max in plan:
+        scores = unit_scores[str(base)][cfg.criterion] if k_max else None
+        ranked = select_units(units, scores, k_max, higher_is_better=cfg.criterion != "rank") if k_max else []
+        for k in range(k_max + 1):
+            spec = spec_with_units(base, ranked[:k], kv_heads)
+            cost = analytic_state_bytes(spec, config, context, dtype=dtype)
+            if cost > budget:  # cannot happen for uniform layers; kept as the exact check
+                break
+            candidates.append(
+                Candidate(str(spec), base.window, base.sinks, k, [unit_label(u) for u in ranked[:k]], cost)
+            )
+    full_cost = analytic_state_bytes(MethodSpec("full"), config, context, dtype=dtype)
+    candidates.append(Candidate("full", None, None, len(units), [], full_cost, in_budget=full_cost <= budget))
+    return candidates, unit_scores
+
+
+def _choose(candidates: list[Candidate], calibration: dict) -> Candidate:
+    """Fill in each candidate's calibration score, mark the Pareto front, and return the best within
+    the budget (highest score; ties: fewer bytes, then the earlier candidate)."""
+    for c in candidates:
+        m = calibration[c.spec]
+        c.score, c.lo, c.hi, c.n, c.seconds = m.score, m.lo, m.hi, m.n, m.seconds
+    inside = [c for c in candidates if c.in_budget]
+    for c, on in zip(inside, pareto_front([(c.kv_bytes, c.score) for c in inside])):
+        c.on_frontier = on
+    order = {id(c): i for i, c in enumerate(inside)}
+    return max(inside, key=lambda c: (c.score, -c.kv_bytes, -order[id(c)]))
+
+
+def _tune_settings(cfg: TuneConfig, plan, context: int) -> dict:
+    """What ``tune.json`` records of the search."""
+    return {
+        "windows": sorted({b.window for b, _ in plan}),
+        "windows_asked": list(cfg.windows) if cfg.windows is not None else window_grid(context),
+        "sinks": sorted(set(cfg.sinks)),
+        "by": cfg.by,
+        "criterion": cfg.criterion,
+        "max_k": cfg.max_k,
+        "samples": cfg.samples,
+        "heldout_samples": cfg.heldout_samples,
+        "calib_samples": cfg.calib_samples,
+        "calib_length": cfg.calib_length or context,
+        "chunk_size": cfg.chunk_size,
+        "batch_size": cfg.batch_size,
+        "last_queries": cfg.last_queries,
+        "niah_max_new_tokens": "auto (answer tokens + 16)",
+        "babilong_facts": "generated",
+    }
 
 
 def plot_frontier(result: TuneResult, path: str | Path) -> Path:

@@ -298,7 +298,9 @@ def lmeval_stock_dir() -> str:
 def test_missing_data_file_is_named(tmp_path):
     (tmp_path / "arc_easy_test.jsonl").write_text("")
     with pytest.raises(FileNotFoundError, match="piqa_validation.jsonl"):
-        lmeval.run_lmeval("unused", ["full"], ["piqa"], data_dir=tmp_path, out_dir=tmp_path / "out")
+        lmeval.run_lmeval(
+            lmeval.LmEvalConfig("unused", ["full"], ["piqa"], data_dir=tmp_path), out_dir=tmp_path / "out"
+        )
     with pytest.raises(FileNotFoundError, match="SINKWINDOW_SHORT_DATA"):
         local_utils.resolve_data_dir(None)
     assert not lmeval.short_data_available(tmp_path)
@@ -317,13 +319,15 @@ def test_resolve_task_names():
 def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     rows = lmeval.run_lmeval(
-        str(tiny_model_dir),
-        ["full", "swa:8:2"],
-        list(lmeval.SHORT_TASKS),
-        data_dir=fixtures,
-        limit=4,
+        lmeval.LmEvalConfig(
+            str(tiny_model_dir),
+            ["full", "swa:8:2"],
+            list(lmeval.SHORT_TASKS),
+            data_dir=fixtures,
+            limit=4,
+            batch_size=4,
+        ),
         out_dir=out,
-        batch_size=4,
     )
     assert len(rows) == 12
     stored = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -365,11 +369,9 @@ def test_run_lmeval_tiny_model_rows_and_resume(fixtures, tiny_model_dir, tmp_pat
 
     # Resume (at another batch size, which is no setting): nothing is recomputed and nothing appended.
     again = lmeval.run_lmeval(
-        str(tiny_model_dir),
-        ["full", "swa:8:2"],
-        list(lmeval.SHORT_TASKS),
-        data_dir=fixtures,
-        limit=4,
+        lmeval.LmEvalConfig(
+            str(tiny_model_dir), ["full", "swa:8:2"], list(lmeval.SHORT_TASKS), data_dir=fixtures, limit=4
+        ),
         out_dir=out,
     )
     assert again == rows
@@ -405,13 +407,15 @@ def test_run_lmeval_reuses_a_loaded_model_and_hands_it_back(fixtures, tiny_model
 
     model, tok = sinkwindow.load(str(tiny_model_dir), method="swa:16:4")
     rows = lmeval.run_lmeval(
-        "tiny", ["full", "swa:8:2"], ["piqa"], data_dir=fixtures, limit=2, model_and_tokenizer=(model, tok)
+        lmeval.LmEvalConfig("tiny", ["full", "swa:8:2"], ["piqa"], data_dir=fixtures, limit=2),
+        model_and_tokenizer=(model, tok),
     )
     assert [(r["task"], r["method"], r["n"]) for r in rows] == [("piqa", "full", 2), ("piqa", "swa:8:2", 2)]
     assert str(sinkwindow.active_spec(model)) == "swa:16:4"
     with pytest.raises(ValueError, match="checkpoint"):
         lmeval.run_lmeval(
-            "tiny", ["lolcats:64"], ["piqa"], data_dir=fixtures, model_and_tokenizer=(model, tok)
+            lmeval.LmEvalConfig("tiny", ["lolcats:64"], ["piqa"], data_dir=fixtures),
+            model_and_tokenizer=(model, tok),
         )
 
 
@@ -453,11 +457,13 @@ PIQA_RUN = {"methods": ["full", "swa:8:2"], "tasks": ["piqa"], "limit": 2, "batc
 
 
 def _piqa(model_dir, data, out, **change):
-    """``run_lmeval`` of PIQA_RUN into ``out`` with ``change`` applied."""
+    """``run_lmeval`` of PIQA_RUN into ``out`` with ``change`` applied (config fields or call options)."""
     kw = {**PIQA_RUN, **change}
-    return lmeval.run_lmeval(
-        str(kw.pop("model", model_dir)), kw.pop("methods"), kw.pop("tasks"), data_dir=data, out_dir=out, **kw
+    call = {k: kw.pop(k) for k in ("new_run", "redo", "check_only", "on_start") if k in kw}
+    config = lmeval.LmEvalConfig(
+        str(kw.pop("model", model_dir)), kw.pop("methods"), kw.pop("tasks"), data_dir=data, **kw
     )
+    return lmeval.run_lmeval(config, out, **call)
 
 
 @pytest.fixture(scope="module")
@@ -1002,7 +1008,8 @@ def test_compare_refuses_a_short_folder_it_cannot_resume_before_the_long_part(
 
     out = tmp_path / "cmp"
     lmeval.run_lmeval(
-        str(tiny_model_dir), ["full"], ["piqa"], data_dir=fixtures, limit=2, out_dir=out / "short"
+        lmeval.LmEvalConfig(str(tiny_model_dir), ["full"], ["piqa"], data_dir=fixtures, limit=2),
+        out_dir=out / "short",
     )
 
     def long_part(*args, **kwargs):

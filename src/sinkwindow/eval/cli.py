@@ -396,25 +396,22 @@ def _short_tasks(args, cfg, model_tok, out: Path, *, check_only: bool = False) -
     ``OUT/short`` can resume with these settings (raises like the run would)."""
     import importlib.util
 
-    from .lmeval import recovery_table, run_lmeval
+    from .lmeval import LmEvalConfig, recovery_table, run_lmeval
 
     if importlib.util.find_spec("lm_eval") is None:
         logger.warning("short tasks skipped: lm-eval is not installed (pip install 'sinkwindow[lmeval]')")
         return []
+    short = LmEvalConfig(
+        cfg.model, cfg.methods, tasks=None, data_dir=args.short_data, limit=args.short_limit,
+        checkpoints=cfg.checkpoints, workers=cfg.workers, ray=cfg.ray,
+    )  # fmt: skip
     rows = run_lmeval(
-        cfg.model,
-        cfg.methods,
-        tasks=None,
-        data_dir=args.short_data,
-        limit=args.short_limit,
-        out_dir=str(out / "short"),
-        model_and_tokenizer=model_tok,
-        checkpoints=cfg.checkpoints,
+        short,
+        str(out / "short"),
+        model_tok,
         new_run=args.new_run,  # run_eval moved OUT/short aside already; this keeps the two in step
         redo=args.redo,
         check_only=check_only,
-        workers=cfg.workers,
-        ray=cfg.ray,
     )
     if check_only:
         return []

@@ -40,7 +40,7 @@ from .constants import (
     headline_metric,
     resolve_task,
 )
-from .runner import run_lmeval, short_data_available
+from .runner import LmEvalConfig, run_lmeval, short_data_available
 from .table import read_rows, recovery_table, report_section, write_table
 from .tasks import TASKS_DIR
 
@@ -61,6 +61,7 @@ __all__ = [
     "default_fewshot",
     "headline_metric",
     "resolve_task",
+    "LmEvalConfig",
     "run_lmeval",
     "recovery_table",
     "read_rows",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ... import cli_args, resolve
 from .constants import DEFAULT_MAX_BATCH_TOKENS, SHORT_TASKS
-from .runner import run_lmeval
+from .runner import LmEvalConfig, run_lmeval
 from .table import recovery_table
 from .tasks import TASKS_DIR
 from .tasks import utils as _local
@@ -164,13 +164,12 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
     from ...threads import apply_threads
 
     apply_threads(args.threads)
-    rows = run_lmeval(
+    config = LmEvalConfig(
         args.model,
         methods,
         tasks,
         data_dir=args.data_dir,
         limit=args.limit,
-        out_dir=args.out,
         num_fewshot=args.num_fewshot,
         batch_size=args.batch_size,
         checkpoints=checkpoints or None,
@@ -180,10 +179,14 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         max_batch_tokens=args.max_batch_tokens or None,
         resume=not args.no_resume,
-        new_run=args.new_run,
-        redo=args.redo,
         workers=args.workers,
         ray=args.ray,
+    )
+    rows = run_lmeval(
+        config,
+        args.out,
+        new_run=args.new_run,
+        redo=args.redo,
         on_start=lambda session: print(
             f"running {session['pairs_to_run']} (task, method) pair(s) ({session['rows_before']} row(s) "
             f"already in {args.out}): {session['scheduler']}",

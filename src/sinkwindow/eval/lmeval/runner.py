@@ -57,7 +57,7 @@ from .table import write_table
 from .tasks import TASKS_DIR
 from .tasks import utils as _local
 
-__all__ = ["run_lmeval", "short_data_available"]
+__all__ = ["LmEvalConfig", "run_lmeval", "short_data_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,30 +234,63 @@ def _pair_key(model_name: str, task: str, method: str) -> tuple:
     return row_key({"model": model_name, "task": task, "method": method})
 
 
+@dataclass
+class LmEvalConfig:
+    """What :func:`run_lmeval` evaluates, and how (``sinkwindow eval lm-eval``'s flags).
+
+    Attributes:
+        model: what :func:`sinkwindow.load` takes; also the row's ``model``.
+        methods: method specs; put ``full`` in to get recovery rates.
+        tasks: stock names (``SHORT_TASKS``, ``mmlu_<subject>``); lm-eval task names work too;
+            ``None``: all six.
+        data_dir: folder of local files (the layout docs/data.md gives) -> offline ``*_local``
+            tasks; ``None``: stock tasks from the hub.
+        limit: items per task (per MMLU subject, as lm-eval counts), a fraction, or
+            ``{task: limit}`` (key ``"*"`` for the rest); ``None``: full splits.
+        num_fewshot: shots for every task; default 5 for MMLU and 0 otherwise (the paper).
+        batch_size: lm-eval batch size (int, or ``"auto"`` on GPU); not part of the fingerprint.
+        checkpoints: ``{method: path}`` for linear baselines, or one path for all of them.
+        device_map: let accelerate place the model's layers instead of ``device`` (which is then
+            not used): ``auto``, ``balanced``, ``sequential`` ... or ``{module: device}``
+            (``sinkwindow.load``). The fingerprint records only the device kind it computes on.
+        max_batch_tokens: also cap batch size x prompt length (long 5-shot MMLU prompts); ``None``:
+            off. Not part of the fingerprint either.
+        resume: ``False`` reruns pairs already in the folder (their new rows are appended; the
+            table uses the latest). The settings are checked all the same.
+        workers: run the pairs in local worker processes (``eval/scheduler.py``), each loading
+            its own model copy with one torch thread: a count, or ``"auto"`` (one per core).
+            Rows are the same as a serial run's and only this process writes them; neither this
+            nor ``ray`` is part of the fingerprint.
+        ray: run the pairs as Ray tasks: ``True`` (a local instance) or a cluster address.
+    """
+
+    model: str = "smollm2-135m"
+    methods: Sequence[str] = ("full", "swa:64:4")
+    tasks: Sequence[str] | None = SHORT_TASKS
+    data_dir: str | os.PathLike | None = None
+    limit: int | float | Mapping[str, int | float | None] | None = None
+    num_fewshot: int | None = None
+    batch_size: int | str = 8
+    checkpoints: Mapping[str, str] | str | None = None
+    device: str = "cpu"
+    device_map: str | dict | None = None
+    dtype: str = "float32"
+    max_length: int | None = None
+    max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS
+    bootstrap_iters: int = 1000
+    resume: bool = True
+    workers: int | str | None = None
+    ray: str | bool | None = None
+
+
 def run_lmeval(
-    model_name: str = "smollm2-135m",
-    methods: Sequence[str] = ("full", "swa:64:4"),
-    tasks: Sequence[str] | None = SHORT_TASKS,
-    data_dir: str | os.PathLike | None = None,
-    limit: int | float | Mapping[str, int | float | None] | None = None,
+    config: LmEvalConfig,
     out_dir: str | os.PathLike | None = None,
+    model_and_tokenizer: tuple[Any, Any] | None = None,
     *,
-    num_fewshot: int | None = None,
-    batch_size: int | str = 8,
-    checkpoints: Mapping[str, str] | str | None = None,
-    device: str = "cpu",
-    device_map: str | dict | None = None,
-    dtype: str = "float32",
-    max_length: int | None = None,
-    max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS,
-    bootstrap_iters: int = 1000,
-    resume: bool = True,
     new_run: bool = False,
     redo: Sequence[str] = (),
     check_only: bool = False,
-    model_and_tokenizer: tuple[Any, Any] | None = None,
-    workers: int | str | None = None,
-    ray: str | bool | None = None,
     on_start: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Evaluate every (task, method) pair with lm-eval; one row each, appended to ``OUT/results.jsonl``.
@@ -274,38 +307,15 @@ def run_lmeval(
     any model loads. The run holds the folder's lock.
 
     Args:
-        model_name: what :func:`sinkwindow.load` takes; also the row's ``model``.
-        methods: method specs; put ``full`` in to get recovery rates.
-        tasks: stock names (``SHORT_TASKS``, ``mmlu_<subject>``); lm-eval task names work too;
-            ``None``: all six.
-        data_dir: folder of local files (the layout docs/data.md gives) -> offline ``*_local``
-            tasks; ``None``: stock tasks from the hub.
-        limit: items per task (per MMLU subject, as lm-eval counts), a fraction, or
-            ``{task: limit}`` (key ``"*"`` for the rest); ``None``: full splits.
         out_dir: the run folder; ``None``: nothing is written.
-        num_fewshot: shots for every task; default 5 for MMLU and 0 otherwise (the paper).
-        batch_size: lm-eval batch size (int, or ``"auto"`` on GPU); not part of the fingerprint.
-        max_batch_tokens: also cap batch size x prompt length (long 5-shot MMLU prompts); ``None``:
-            off. Not part of the fingerprint either.
-        checkpoints: ``{method: path}`` for linear baselines, or one path for all of them.
-        device_map: let accelerate place the model's layers instead of ``device`` (which is then
-            not used): ``auto``, ``balanced``, ``sequential`` ... or ``{module: device}``
-            (``sinkwindow.load``). The fingerprint records only the device kind it computes on.
-        resume: ``False`` reruns pairs already in the folder (their new rows are appended; the
-            table uses the latest). The settings are checked all the same.
+        model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading the model
+            (workers each get a pickled copy of it).
         new_run: move the folder's rows, config, fingerprint and reports to ``previous-<time>/``
             first, and start over in place.
         redo: methods to run again: their rows move to ``previous-<time>/`` and their recorded
             checkpoints are forgotten (a retrained baseline); other rows are kept.
         check_only: stop after checking that ``out_dir`` can resume with these settings
             (raising like a real run would), before anything loads or runs; returns ``[]``.
-        model_and_tokenizer: ``sinkwindow.load``'s result, to reuse instead of loading ``model_name``
-            (workers each get a pickled copy of it).
-        workers: run the pairs in local worker processes (``eval/scheduler.py``), each loading
-            its own model copy with one torch thread: a count, or ``"auto"`` (one per core).
-            Rows are the same as a serial run's and only this process writes them; neither this
-            nor ``ray`` is part of the fingerprint.
-        ray: run the pairs as Ray tasks: ``True`` (a local instance) or a cluster address.
         on_start: with ``out_dir``, called once before the first pair runs with what this session
             runs (the entry it adds to ``OUT/sessions.jsonl``: ``pairs_to_run``, ``rows_before``,
             ``scheduler``); not called when every pair is already there.
@@ -326,84 +336,18 @@ def run_lmeval(
         RunLockedError: another run is writing ``out_dir``.
         FileNotFoundError: a local data file is missing (before any model loads).
     """
-    import sinkwindow
-
-    from ...linear.adapters import shipped_adapter  # imports torch: not at --help time
-    from .model import resolve_device, resolve_dtype
-
-    # A method or task named twice runs once (its second turn would not see the first one's row).
-    specs = list(dict.fromkeys(str(sinkwindow.parse_spec(m)) for m in methods))
-    if not specs:
-        raise ValueError("no methods to evaluate")
-    tasks = SHORT_TASKS if tasks is None else tasks
-    for spec in specs:
-        if (
-            sinkwindow.parse_spec(spec).is_trained
-            and _checkpoint_for(checkpoints, spec) is None
-            and shipped_adapter(model_name, spec) is None
-        ):
-            raise ValueError(
-                f"{spec} is a trained baseline: pass checkpoints={{'{spec}': PATH}} (CLI: --checkpoint)"
-            )
-    local = data_dir is not None
-    data_path = _local.resolve_data_dir(data_dir) if local else None
-    plan = []
-    for task in tasks:
-        lm_task = resolve_task(task, local)
-        name = canonical(lm_task)
-        if any(name == planned for planned, *_ in plan):
-            continue
-        # Fails before any model loads when a file is missing.
-        files = _local.find_files(family(name), data_path) if local else None
-        shots = num_fewshot if num_fewshot is not None else default_fewshot(name)
-        plan.append((name, lm_task, shots, _limit_for(limit, name), files))
-
+    specs, plan, data_path = _plan_pairs(config)
     given = model_and_tokenizer[0] if model_and_tokenizer is not None else None
-    if device_map is not None:
-        from sinkwindow.models import load_device_map
-
-        from ..fingerprint import device_map_kind
-
-        device_map = load_device_map(device_map)
-        device = device_map_kind(device_map)  # placement does not change results: only the kind counts
-    elif given is None:
-        device = resolve_device(device)
-    settings = lmeval_settings(
-        model_name,
-        specs,
-        {name: {"num_fewshot": shots, "limit": lim, "files": files} for name, _, shots, lim, files in plan},
-        model=given,
-        dtype=str(resolve_dtype(dtype)).removeprefix("torch."),
-        device=device,
-        checkpoints={spec: _checkpoint_for(checkpoints, spec) for spec in specs},
-        data_source="local" if local else "hub",
-        max_length=max_length,
-        bootstrap_iters=bootstrap_iters,
-    )
-    import lm_eval
-
-    pairs = _Pairs(
-        model_name=model_name,
-        specs=specs,
-        plan=plan,
-        settings=settings,
-        data_path=data_path,
-        checkpoints=checkpoints,
-        lm_kwargs={"batch_size": batch_size, "max_length": max_length, "max_batch_tokens": max_batch_tokens},
-        device=device if given is None else settings["device"],
-        device_map=device_map,
-        dtype=dtype,
-        bootstrap_iters=bootstrap_iters,
-        came_with=None if given is None else str(sinkwindow.active_spec(given)),
-        source="local" if local else "hub",
-        version=getattr(lm_eval, "__version__", "unknown"),
-        # A resume picks a stopped pair up from its cache; any other start computes afresh. Not on
-        # Ray: a task on another node would write (or fail to write) a path of the driver's disk.
-        cache_dir=Path(out_dir).resolve() / CACHE_DIR if out_dir is not None and resume and not ray else None,
-    )
+    # A resume picks a stopped pair up from its cache; any other start computes afresh. Not on Ray:
+    # a task on another node would write (or fail to write) a path of the driver's disk.
+    resumable = out_dir is not None and config.resume and not config.ray
+    cache_dir = Path(out_dir).resolve() / CACHE_DIR if resumable else None
+    pairs = _make_pairs(config, specs, plan, data_path, given, cache_dir)
     # A pair runs for minutes and a method switch costs seconds: start pairs in plan order (no
     # method affinity), so a stopped run holds full's row beside every other method's.
-    scheduler = make_scheduler(workers, ray, model_and_tokenizer=model_and_tokenizer, keep_method=False)
+    scheduler = make_scheduler(
+        config.workers, config.ray, model_and_tokenizer=model_and_tokenizer, keep_method=False
+    )
     load = pairs.loader()
     if model_and_tokenizer is not None and not isinstance(scheduler, SerialScheduler):
         load = PickledModel(model_and_tokenizer)  # each worker gets its own copy to switch
@@ -413,36 +357,21 @@ def run_lmeval(
     out = check_run_dir(out_dir)
     redo = check_redo(redo, specs)
     if not new_run:
-        check_resume(out, settings, redo)  # refuse before spending the model load
+        check_resume(out, pairs.settings, redo)  # refuse before spending the model load
     if check_only:
         return []
-    config = {
-        "kind": "lm-eval",
-        "model": model_name,
-        "methods": specs,
-        "tasks": [name for name, *_ in plan],
-        "data_dir": None if data_path is None else str(data_path),
-        "limit": limit,
-        "num_fewshot": num_fewshot,
-        "batch_size": batch_size,
-        "max_batch_tokens": max_batch_tokens,
-        "max_length": max_length,
-        "device": pairs.device,
-        "device_map": device_map if given is None else None,
-        "dtype": dtype if given is None else settings["dtype"],
-        "workers": workers,
-        "ray": ray,
-    }
     with RunLock(out):
-        store = ResultsStore(out, config, settings=settings, new_run=new_run, redo=redo)
+        store = ResultsStore(
+            out, _run_record(config, pairs, given), settings=pairs.settings, new_run=new_run, redo=redo
+        )
         if store.previous is not None:
             # The table was made from the rows that just moved: it goes with them.
             for name in (TABLE_FILE, TABLE_JSON):
                 if (out / name).exists():
                     shutil.move(str(out / name), str(store.previous / name))
-        store.select({_pair_key(model_name, name, spec) for name, *_ in plan for spec in specs})
+        store.select({_pair_key(config.model, name, spec) for name, *_ in plan for spec in specs})
         # Starting over (or redoing a method) keeps no half-done answers.
-        if new_run or not resume:
+        if new_run or not config.resume:
             shutil.rmtree(out / CACHE_DIR, ignore_errors=True)
         for method in redo:
             pairs.drop_caches(method=method)
@@ -451,7 +380,9 @@ def run_lmeval(
             session = start_session(
                 out,
                 device=pairs.device,
-                threads="per worker" if workers is not None or ray is not None else "this process",
+                threads="per worker"
+                if config.workers is not None or config.ray is not None
+                else "this process",
                 scheduler=scheduler.describe(len(cells)),
                 pairs_to_run=len(cells),
                 rows_before=len(store.all_rows()),
@@ -459,9 +390,117 @@ def run_lmeval(
             if on_start is not None:
                 on_start(session)
 
-        rows = _run_pairs(pairs, scheduler, job, store, resume=resume, on_start=begin)
+        rows = _run_pairs(pairs, scheduler, job, store, resume=config.resume, on_start=begin)
         write_table(out, rows=store.rows())
     return rows
+
+
+def _plan_pairs(config: LmEvalConfig) -> tuple[list[str], list[tuple], Path | None]:
+    """``(specs, plan, data folder)``: the methods once each (checked for a checkpoint), and per task
+    ``(name, lm-eval task, shots, limit, files)``. Fails before any model loads when a trained
+    method has no checkpoint or a local file is missing."""
+    import sinkwindow
+
+    from ...linear.adapters import shipped_adapter  # imports torch: not at --help time
+
+    # A method or task named twice runs once (its second turn would not see the first one's row).
+    specs = list(dict.fromkeys(str(sinkwindow.parse_spec(m)) for m in config.methods))
+    if not specs:
+        raise ValueError("no methods to evaluate")
+    for spec in specs:
+        if (
+            sinkwindow.parse_spec(spec).is_trained
+            and _checkpoint_for(config.checkpoints, spec) is None
+            and shipped_adapter(config.model, spec) is None
+        ):
+            raise ValueError(
+                f"{spec} is a trained baseline: pass checkpoints={{'{spec}': PATH}} (CLI: --checkpoint)"
+            )
+    local = config.data_dir is not None
+    data_path = _local.resolve_data_dir(config.data_dir) if local else None
+    plan: list[tuple] = []
+    for task in SHORT_TASKS if config.tasks is None else config.tasks:
+        lm_task = resolve_task(task, local)
+        name = canonical(lm_task)
+        if any(name == planned for planned, *_ in plan):
+            continue
+        files = _local.find_files(family(name), data_path) if local else None
+        shots = config.num_fewshot if config.num_fewshot is not None else default_fewshot(name)
+        plan.append((name, lm_task, shots, _limit_for(config.limit, name), files))
+    return specs, plan, data_path
+
+
+def _make_pairs(config: LmEvalConfig, specs, plan, data_path, given, cache_dir: Path | None) -> _Pairs:
+    """The pairs' shared facts: placement, fingerprint settings, lm-eval's arguments."""
+    import lm_eval
+
+    import sinkwindow
+
+    from .model import resolve_device, resolve_dtype
+
+    device, device_map = config.device, config.device_map
+    if device_map is not None:
+        from sinkwindow.models import load_device_map
+
+        from ..fingerprint import device_map_kind
+
+        device_map = load_device_map(device_map)
+        device = device_map_kind(device_map)  # placement does not change results: only the kind counts
+    elif given is None:
+        device = resolve_device(device)
+    local = data_path is not None
+    settings = lmeval_settings(
+        config.model,
+        specs,
+        {name: {"num_fewshot": shots, "limit": lim, "files": files} for name, _, shots, lim, files in plan},
+        model=given,
+        dtype=str(resolve_dtype(config.dtype)).removeprefix("torch."),
+        device=device,
+        checkpoints={spec: _checkpoint_for(config.checkpoints, spec) for spec in specs},
+        data_source="local" if local else "hub",
+        max_length=config.max_length,
+        bootstrap_iters=config.bootstrap_iters,
+    )
+    lm_kwargs = {"batch_size": config.batch_size, "max_length": config.max_length,
+                 "max_batch_tokens": config.max_batch_tokens}  # fmt: skip
+    return _Pairs(
+        model_name=config.model,
+        specs=specs,
+        plan=plan,
+        settings=settings,
+        data_path=data_path,
+        checkpoints=config.checkpoints,
+        lm_kwargs=lm_kwargs,
+        device=device if given is None else settings["device"],
+        device_map=device_map,
+        dtype=config.dtype,
+        bootstrap_iters=config.bootstrap_iters,
+        came_with=None if given is None else str(sinkwindow.active_spec(given)),
+        source="local" if local else "hub",
+        version=getattr(lm_eval, "__version__", "unknown"),
+        cache_dir=cache_dir,
+    )
+
+
+def _run_record(config: LmEvalConfig, pairs: _Pairs, given) -> dict:
+    """The run's ``config.json``."""
+    return {
+        "kind": "lm-eval",
+        "model": config.model,
+        "methods": pairs.specs,
+        "tasks": [name for name, *_ in pairs.plan],
+        "data_dir": None if pairs.data_path is None else str(pairs.data_path),
+        "limit": config.limit,
+        "num_fewshot": config.num_fewshot,
+        "batch_size": config.batch_size,
+        "max_batch_tokens": config.max_batch_tokens,
+        "max_length": config.max_length,
+        "device": pairs.device,
+        "device_map": pairs.device_map if given is None else None,
+        "dtype": config.dtype if given is None else pairs.settings["dtype"],
+        "workers": config.workers,
+        "ray": config.ray,
+    }
 
 
 @dataclass(frozen=True)

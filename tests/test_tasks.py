@@ -63,3 +63,19 @@ def test_task_settings_reach_only_their_own_rows_fingerprint():
     assert "babilong_chat" not in row_settings(settings, "niah_single_3", "full")
     assert set(row_settings(settings, "ppl", "full")) == {"model", "ppl_bucket", "method"}
     assert tasks.tasks_using("babilong_data") == frozenset(tasks.BABILONG_TASKS)
+
+
+def test_summary_columns_follow_the_registry_one_per_task_and_babilong_averaged():
+    from sinkwindow.eval.summary import summarize
+
+    rows = [
+        {"task": t, "method": m, "length": 1024, "seed": 0, "index": i, "score": 100.0 * ((i + k) % 2)}
+        for k, t in enumerate(("niah_single_1", "babilong_qa1", "babilong_qa2"))
+        for m in ("full", "swa:64:4")
+        for i in range(4)
+    ]
+    acc = summarize(rows, n_boot=50)["accuracy"]
+    assert set(acc) == {"niah_single_1", "babilong_qa1", "babilong_qa2", "babilong"}
+    # A task's own column holds its rows; the average holds both QA tasks' (8 samples).
+    assert acc["babilong_qa1"]["full"][1024]["n"] == 4 and acc["babilong_qa2"]["swa:64:4"][1024]["n"] == 4
+    assert acc["babilong"]["full"][1024]["mean"] == 50.0

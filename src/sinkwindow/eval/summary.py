@@ -84,8 +84,9 @@ def method_order(methods) -> list[str]:
 
 
 def _family_tasks(family: str) -> tuple[str, ...]:
-    """The tasks a report column averages (``babilong``: QA1-5)."""
-    return tuple(t.name for t in TASKS.values() if t.family == family)
+    """The tasks a report column averages (``babilong``: QA1-5); a task's own column is itself."""
+    averaged = tuple(t.name for t in TASKS.values() if t.family == family and t.name != family)
+    return averaged or (family,)
 
 
 def _iv(iv: Interval, scale: float = 1.0, key: str = "estimate") -> dict:
@@ -265,27 +266,7 @@ def summarize(
 
     ``n_boot`` and ``seed`` set every bootstrap, so the same rows give the same report.
     """
-    samples = _Samples()
-    ppl: dict = defaultdict(lambda: defaultdict(lambda: {"nll": [], "n": []}))
-    buckets: dict = defaultdict(lambda: defaultdict(dict))
-    depth: dict = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        task, method, length = r["task"], r["method"], r["length"]
-        if task == "ppl":
-            p = ppl[method][length]
-            p["nll"].append(r["nll_sum"])
-            p["n"].append(r["n_tokens"])
-            b = buckets[method][length]
-            size = r["bucket_size"]
-            for i, (s, c) in enumerate(zip(r["bucket_nll_sum"], r["bucket_count"])):
-                cur = b.setdefault(i * size, [0.0, 0])
-                cur[0] += s
-                cur[1] += c
-            continue
-        samples.add(r)
-        if task in NIAH_TASKS and r.get("depth") is not None:
-            depth[method][(length, float(r["depth"]))].append(float(r["score"]))
-
+    samples, ppl, buckets, depth = _collect(rows)
     boot = dict(n_boot=n_boot, seed=seed)
     families = [t for t in samples.by if t in NIAH_TASKS or t in BABILONG_TASKS]
     families += [t for t in samples.by if t not in families]
@@ -310,64 +291,13 @@ def summarize(
         methods = method_order({m for t in tasks for m in samples.by.get(t, {})})
         lengths = sorted({L for t in tasks for m in methods for L in samples.by.get(t, {}).get(m, {})})
         lengths_of[fam] = lengths
-        acc, avg = {}, {}
-        for m in methods:
-            acc[m] = {}
-            for L in lengths:
-                cells = samples.cells(tasks, m, [L])
-                if not cells:
-                    continue
-                if len(cells) == 1 and all(0.0 <= v <= 1.0 for v in cells[0]):
-                    iv, ci = wilson_interval(sum(cells[0]), len(cells[0])), "wilson"
-                else:  # BABILong's five tasks at one length
-                    iv, ci = _average_interval(cells, boot)
-                acc[m][L] = {**_iv(iv, 100.0, key="mean"), "ci": ci}
-            cells = samples.cells(tasks, m, lengths)
-            avg[m] = {
-                **_iv(_average_interval(cells, boot)[0], 100.0, key="mean"),
-                "lengths": sorted(acc[m]),
-                "complete": len(acc[m]) == len(lengths),
-            }
-        out["accuracy"][fam], out["accuracy_avg"][fam] = acc, avg
+        out["accuracy"][fam], out["accuracy_avg"][fam] = _accuracy(samples, tasks, methods, lengths, boot)
         if "full" in methods:
-            rec = {}
-            for m in methods:
-                if m == "full":
-                    continue
-                rec[m] = {}
-                for key, lens in [(L, [L]) for L in lengths] + [("avg", lengths)]:
-                    ca, cb = samples.paired(tasks, m, "full", lens)
-                    if ca:
-                        rec[m][key] = _iv(paired_bootstrap_ratio(ca, cb, **boot), 100.0)
-            out["recovery"][fam] = rec
-
+            out["recovery"][fam] = _recovery(samples, tasks, methods, lengths, boot)
     for fam in (f for f in HEADLINE_FAMILIES if f in lengths_of):
         tasks, lengths = _family_tasks(fam), lengths_of[fam]
         methods = list(out["accuracy"][fam])
-        for a, b in _comparison_pairs(methods):
-            for L in lengths:
-                ca, cb = samples.paired(tasks, a, b, [L])
-                if not ca:
-                    continue
-                d = paired_bootstrap_diff(ca, cb, **boot)
-                t = paired_sign_test(ca, cb, alpha=ALPHA)
-                out["differences"].append(
-                    {
-                        "family": fam,
-                        "a": a,
-                        "b": b,
-                        "length": L,
-                        "mean_a": 100.0 * plain_mean([plain_mean(c) for c in ca]),
-                        "mean_b": 100.0 * plain_mean([plain_mean(c) for c in cb]),
-                        **_iv(d, 100.0),
-                        "p": t.p,
-                        "test": t.method,
-                        "discordant": [t.plus, t.minus],
-                        "mdd": 100.0 * t.mdd,
-                        # No data on so few pairs could reach the level: say so, decide nothing.
-                        "too_few": t.min_p > ALPHA,
-                    }
-                )
+        out["differences"] += _differences(samples, fam, tasks, methods, lengths, boot)
         for a, b in _swa_lolcats_pairs(methods):
             by_len = {}
             for L in lengths:
@@ -376,32 +306,129 @@ def summarize(
                     by_len[L] = _iv(paired_bootstrap_ratio(ca, cb, **boot))
             if by_len:
                 out["swa_vs_lolcats"].setdefault(f"{a} / {b}", {})[fam] = by_len
-
     _decide(out["differences"])
+    out["ppl"], out["ppl_buckets"] = _perplexity(ppl, buckets, boot)
+    for m, cells in depth.items():
+        out["niah_depth"][m] = {f"{L}|{d}": plain_mean(v) for (L, d), v in cells.items()}
+    out["hybrid"] = _hybrid_summary(rows, samples, boot)
+    return out
+
+
+def _collect(rows: list[dict]):
+    """``(samples, ppl, buckets, depth)``: accuracy rows by cell, perplexity rows' NLL sums and
+    token counts, their per-position buckets, and S-NIAH scores by (length, depth)."""
+    samples = _Samples()
+    ppl: dict = defaultdict(lambda: defaultdict(lambda: {"nll": [], "n": []}))
+    buckets: dict = defaultdict(lambda: defaultdict(dict))
+    depth: dict = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        task, method, length = r["task"], r["method"], r["length"]
+        if task == "ppl":
+            p = ppl[method][length]
+            p["nll"].append(r["nll_sum"])
+            p["n"].append(r["n_tokens"])
+            b = buckets[method][length]
+            size = r["bucket_size"]
+            for i, (s, c) in enumerate(zip(r["bucket_nll_sum"], r["bucket_count"])):
+                cur = b.setdefault(i * size, [0.0, 0])
+                cur[0] += s
+                cur[1] += c
+            continue
+        samples.add(r)
+        if task in NIAH_TASKS and r.get("depth") is not None:
+            depth[method][(length, float(r["depth"]))].append(float(r["score"]))
+    return samples, ppl, buckets, depth
+
+
+def _accuracy(samples: _Samples, tasks, methods, lengths, boot: dict) -> tuple[dict, dict]:
+    """One family's ``accuracy`` (per method and length) and ``accuracy_avg`` (over the lengths)."""
+    acc, avg = {}, {}
+    for m in methods:
+        acc[m] = {}
+        for L in lengths:
+            cells = samples.cells(tasks, m, [L])
+            if not cells:
+                continue
+            if len(cells) == 1 and all(0.0 <= v <= 1.0 for v in cells[0]):
+                iv, ci = wilson_interval(sum(cells[0]), len(cells[0])), "wilson"
+            else:  # BABILong's five tasks at one length
+                iv, ci = _average_interval(cells, boot)
+            acc[m][L] = {**_iv(iv, 100.0, key="mean"), "ci": ci}
+        cells = samples.cells(tasks, m, lengths)
+        avg[m] = {
+            **_iv(_average_interval(cells, boot)[0], 100.0, key="mean"),
+            "lengths": sorted(acc[m]),
+            "complete": len(acc[m]) == len(lengths),
+        }
+    return acc, avg
+
+
+def _recovery(samples: _Samples, tasks, methods, lengths, boot: dict) -> dict:
+    """Each method ÷ full attention, paired, per length and over all of them (``"avg"``)."""
+    rec: dict = {}
+    for m in methods:
+        if m == "full":
+            continue
+        rec[m] = {}
+        for key, lens in [(L, [L]) for L in lengths] + [("avg", lengths)]:
+            ca, cb = samples.paired(tasks, m, "full", lens)
+            if ca:
+                rec[m][key] = _iv(paired_bootstrap_ratio(ca, cb, **boot), 100.0)
+    return rec
+
+
+def _differences(samples: _Samples, fam: str, tasks, methods, lengths, boot: dict) -> list[dict]:
+    """The compared pairs' paired differences at each length: bootstrap interval for display, the
+    exact sign test's p-value and minimum detectable difference for the decision (``_decide``)."""
+    out = []
+    for a, b in _comparison_pairs(methods):
+        for L in lengths:
+            ca, cb = samples.paired(tasks, a, b, [L])
+            if not ca:
+                continue
+            d = paired_bootstrap_diff(ca, cb, **boot)
+            t = paired_sign_test(ca, cb, alpha=ALPHA)
+            out.append(
+                {
+                    "family": fam,
+                    "a": a,
+                    "b": b,
+                    "length": L,
+                    "mean_a": 100.0 * plain_mean([plain_mean(c) for c in ca]),
+                    "mean_b": 100.0 * plain_mean([plain_mean(c) for c in cb]),
+                    **_iv(d, 100.0),
+                    "p": t.p,
+                    "test": t.method,
+                    "discordant": [t.plus, t.minus],
+                    "mdd": 100.0 * t.mdd,
+                    # No data on so few pairs could reach the level: say so, decide nothing.
+                    "too_few": t.min_p > ALPHA,
+                }
+            )
+    return out
+
+
+def _perplexity(ppl: dict, buckets: dict, boot: dict) -> tuple[dict, dict]:
+    """``ppl`` (per method and length, with its interval) and ``ppl_buckets`` (per position)."""
+    out, curves = {}, {}
     for m, by_len in ppl.items():
-        out["ppl"][m] = {}
+        out[m] = {}
         for L, p in sorted(by_len.items()):
             kept = [(x, n) for x, n in zip(p["nll"], p["n"]) if n > 0]
-            iv = (
-                bootstrap_ppl_interval(*zip(*kept), **boot)
-                if kept
-                else Interval(float("nan"), float("nan"), float("nan"), 0)
-            )
-            out["ppl"][m][L] = {
+            nan = Interval(float("nan"), float("nan"), float("nan"), 0)
+            iv = bootstrap_ppl_interval(*zip(*kept), **boot) if kept else nan
+            out[m][L] = {
                 "ppl": iv.estimate,
                 "lo": iv.lo,
                 "hi": iv.hi,
                 "n_tokens": sum(p["n"]),
                 "windows": len(p["n"]),
             }
-        out["ppl_buckets"][m] = {
+        curves[m] = {
             L: {start: math.exp(s / c) for start, (s, c) in sorted(b.items()) if c}
             for L, b in buckets[m].items()
         }
-    for m, cells in depth.items():
-        out["niah_depth"][m] = {f"{L}|{d}": plain_mean(v) for (L, d), v in cells.items()}
-    out["hybrid"] = _hybrid_summary(rows, samples, boot)
-    return out
+    return out, curves
 
 
 def _hybrid_summary(rows: list[dict], samples: _Samples, boot: dict) -> dict:

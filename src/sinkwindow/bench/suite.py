@@ -454,141 +454,158 @@ class _Todo:
 
 
 def _run_model(model_name: str, model, config: BenchConfig, meta: dict, emit, todo: _Todo) -> None:
-    device = config.torch_device()
-    bandwidth = None
-    if config.bandwidth_mib > 0:
-        bandwidth = measure_bandwidth(device, nbytes=config.bandwidth_mib << 20)
-        meta["bandwidth"][model_name] = bandwidth
-        logger.info("bandwidth before %s: %s", model_name, bandwidth)
-    weights = weight_bytes_per_token(model)
-    meta.setdefault("weight_bytes_per_token", {})[model_name] = weights
-    meta.setdefault("rss_after_load", {})[model_name] = current_rss()
+    """Every cell of one model still to do: decode, then alternating-step pairs, then prefill."""
+    bench = _ModelBench(model_name, model, config, meta, emit, todo)
+    bench.decode()
+    bench.paired()
+    bench.prefill()
 
-    runners: dict[str, MethodRunner | str] = {}
-    for spec in config.methods:
-        try:
-            # A peer's preallocated cache needs room for every decode step after the context.
-            runners[spec] = runner_for(model, spec, headroom=config.warmup + config.steps)
-        except MethodUnavailable as err:
-            runners[spec] = str(err)
-            logger.warning("skipping %s: %s", spec, err)
-    caps = _Caps(config, model)
 
-    def emit_decode(row: dict) -> None:
-        extra = {"weight_bytes_per_token": weights}
-        if bandwidth is not None:
+class _ModelBench:
+    """One model's measurements: its method runners (or why each is unavailable), the caps, and
+    the emitted rows' extra facts (weights per token, the bandwidth roofline)."""
+
+    def __init__(self, model_name: str, model, config: BenchConfig, meta: dict, emit, todo: _Todo):
+        self.name, self.model, self.config, self.emit, self.todo = model_name, model, config, emit, todo
+        self.bandwidth = None
+        if config.bandwidth_mib > 0:
+            self.bandwidth = measure_bandwidth(config.torch_device(), nbytes=config.bandwidth_mib << 20)
+            meta["bandwidth"][model_name] = self.bandwidth
+            logger.info("bandwidth before %s: %s", model_name, self.bandwidth)
+        self.weights = weight_bytes_per_token(model)
+        meta.setdefault("weight_bytes_per_token", {})[model_name] = self.weights
+        meta.setdefault("rss_after_load", {})[model_name] = current_rss()
+        self.runners: dict[str, MethodRunner | str] = {}
+        for spec in config.methods:
+            try:
+                # A peer's preallocated cache needs room for every decode step after the context.
+                self.runners[spec] = runner_for(model, spec, headroom=config.warmup + config.steps)
+            except MethodUnavailable as err:
+                self.runners[spec] = str(err)
+                logger.warning("skipping %s: %s", spec, err)
+        self.caps = _Caps(config, model)
+        self.decode_kw = dict(
+            steps=config.steps, warmup=config.warmup, chunk_size=config.chunk_size,
+            real_prefill_max=config.real_prefill_max, seed=config.seed,
+        )  # fmt: skip
+
+    def emit_decode(self, row: dict) -> None:
+        extra = {"weight_bytes_per_token": self.weights}
+        if self.bandwidth is not None:
             # One step streams every weight once and reads the cached keys/values once.
-            extra["bandwidth_gbps"] = bandwidth["bandwidth_gbps"]
-            extra["roofline_ms"] = roofline_ms(weights + row["kv_bytes"], bandwidth["bandwidth_gbps"])
+            gbps = self.bandwidth["bandwidth_gbps"]
+            extra["bandwidth_gbps"] = gbps
+            extra["roofline_ms"] = roofline_ms(self.weights + row["kv_bytes"], gbps)
             extra["roofline_ratio"] = row["ms_per_token"] / extra["roofline_ms"]
-        emit(row, model_name, extra)
+        self.emit(row, self.name, extra)
 
-    decode_kw = dict(
-        steps=config.steps,
-        warmup=config.warmup,
-        chunk_size=config.chunk_size,
-        real_prefill_max=config.real_prefill_max,
-        seed=config.seed,
-    )
-    for spec, runner in runners.items():
-        if isinstance(runner, str):
-            for n in config.contexts:
-                emit(_skipped("decode", spec, n, runner), model_name)
-            continue
-        if runner.bounded:
-            # Every context at once, steps round-robin: drift in a shared machine's load hits all
-            # contexts alike, so "flat in n" is tested on ratios taken at the same moments.
-            pending = []
-            for n in todo.contexts("decode", runner.name, config.contexts):
-                reason = caps.check("decode", runner, n)
-                if reason is not None:
-                    emit(_skipped("decode", spec, n, reason), model_name)
-                else:
-                    pending.append(n)
-            if pending:
-                with runner:
-                    rows = measure_decode_interleaved(runner, pending, **decode_kw)
-                for row in rows:
-                    emit_decode(row)
-            gc.collect()
-            continue
-        for n in todo.contexts("decode", runner.name, config.contexts):
-            reason = caps.check("decode", runner, n)
+    def _allowed(self, kind: str, spec: str, runner, contexts) -> list[int]:
+        """The contexts still to do that the caps allow; a skipped row for each one they refuse."""
+        pending = []
+        for n in self.todo.contexts(kind, runner.name, contexts):
+            reason = self.caps.check(kind, runner, n)
             if reason is not None:
-                emit(_skipped("decode", spec, n, reason), model_name)
-                continue
-            t0 = time.perf_counter()
-            with runner:
-                row = measure_decode(runner, n, **decode_kw)
-            caps.record("decode", runner, n, time.perf_counter() - t0)
-            emit_decode(row)
-            gc.collect()
+                self.emit(_skipped(kind, spec, n, reason), self.name)
+            else:
+                pending.append(n)
+        return pending
 
-    baseline = FullRunner(model, parse_spec("full"))
-    for runner in runners.values():
-        if isinstance(runner, str) or runner.peer is not None or runner.spec.kind not in ("swa", "evict"):
-            continue
-        short = [n for n in config.contexts if n <= runner.spec.window]
-        close = [
-            n for n in config.contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > runner.spec.window
-        ]
-        for n in sorted({short[0], short[-1]} if short else set()) + close:
-            if caps.check("decode", baseline, n) is not None or not todo(
-                "paired", runner.name, n, baseline.name
-            ):
+    def decode(self) -> None:
+        config = self.config
+        for spec, runner in self.runners.items():
+            if isinstance(runner, str):
+                for n in config.contexts:
+                    self.emit(_skipped("decode", spec, n, runner), self.name)
                 continue
-            row = measure_paired(runner, baseline, n, **decode_kw)
-            emit(row, model_name)
-            gc.collect()
-    for name, peer in runners.items():
-        if isinstance(peer, str) or not is_peer(name) or peer_kind(name) != "mistral-sw":
-            continue
-        w = peer_window(name)
-        ours = runners.get(f"swa:{w}:0")
-        beyond = [n for n in config.contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > w]
-        if isinstance(ours, str) or ours is None or not beyond:
-            continue
-        if caps.check("decode", ours, beyond[0]) is None and todo("paired", ours.name, beyond[0], peer.name):
-            emit(measure_paired(ours, peer, beyond[0], **decode_kw), model_name)
-            gc.collect()
-
-    for spec, runner in runners.items():
-        if not config.prefill_contexts:
-            break
-        if isinstance(runner, str):
-            for n in config.prefill_contexts:
-                emit(_skipped("prefill", spec, n, runner), model_name)
-            continue
-        if not todo.contexts("prefill", runner.name, config.prefill_contexts):
-            continue
-        with runner:
-            warm_up_prefill(runner, config.chunk_size)
-            if runner.bounded and runner.spec.kind != "evict":
-                # Chunked prefills of every length side by side at the same pace (see
-                # measure_prefill_interleaved): time(2n)/time(n) then measures the method.
-                pending = []
-                for n in todo.contexts("prefill", runner.name, config.prefill_contexts):
-                    reason = caps.check("prefill", runner, n)
-                    if reason is not None:
-                        emit(_skipped("prefill", spec, n, reason), model_name)
-                    else:
-                        pending.append(n)
-                for row in (
-                    measure_prefill_interleaved(
-                        runner, pending, chunk_size=config.chunk_size, seed=config.seed
-                    )
-                    if pending
-                    else ()
-                ):
-                    emit(row, model_name)
+            if runner.bounded:
+                # Every context at once, steps round-robin: drift in a shared machine's load hits all
+                # contexts alike, so "flat in n" is tested on ratios taken at the same moments.
+                pending = self._allowed("decode", spec, runner, config.contexts)
+                if pending:
+                    with runner:
+                        rows = measure_decode_interleaved(runner, pending, **self.decode_kw)
+                    for row in rows:
+                        self.emit_decode(row)
                 gc.collect()
                 continue
-            for n in todo.contexts("prefill", runner.name, config.prefill_contexts):
-                reason = caps.check("prefill", runner, n)
+            # One context at a time, so that the caps can stop an unbounded cache's growth.
+            for n in self.todo.contexts("decode", runner.name, config.contexts):
+                reason = self.caps.check("decode", runner, n)
                 if reason is not None:
-                    emit(_skipped("prefill", spec, n, reason), model_name)
+                    self.emit(_skipped("decode", spec, n, reason), self.name)
                     continue
-                row = measure_prefill(runner, n, chunk_size=config.chunk_size, seed=config.seed)
-                caps.record("prefill", runner, n, row["prefill_s"])
-                emit(row, model_name)
+                t0 = time.perf_counter()
+                with runner:
+                    row = measure_decode(runner, n, **self.decode_kw)
+                self.caps.record("decode", runner, n, time.perf_counter() - t0)
+                self.emit_decode(row)
                 gc.collect()
+
+    def paired(self) -> None:
+        """Alternating steps against full attention (short contexts and near the crossover), and
+        ``swa:W:0`` against transformers' own sliding window of the same W."""
+        contexts = self.config.contexts
+        baseline = FullRunner(self.model, parse_spec("full"))
+        for runner in self.runners.values():
+            if isinstance(runner, str) or runner.peer is not None or runner.spec.kind not in ("swa", "evict"):
+                continue
+            w = runner.spec.window
+            short = [n for n in contexts if n <= w]
+            close = [n for n in contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > w]
+            for n in sorted({short[0], short[-1]} if short else set()) + close:
+                if self.caps.check("decode", baseline, n) is not None:
+                    continue
+                if self.todo("paired", runner.name, n, baseline.name):
+                    self.emit(measure_paired(runner, baseline, n, **self.decode_kw), self.name)
+                    gc.collect()
+        for name, peer in self.runners.items():
+            if isinstance(peer, str) or not is_peer(name) or peer_kind(name) != "mistral-sw":
+                continue
+            w = peer_window(name)
+            ours = self.runners.get(f"swa:{w}:0")
+            beyond = [n for n in contexts if PAIRED_RANGE[0] <= n <= PAIRED_RANGE[1] and n > w]
+            if isinstance(ours, str) or ours is None or not beyond:
+                continue
+            if self.caps.check("decode", ours, beyond[0]) is None and self.todo(
+                "paired", ours.name, beyond[0], peer.name
+            ):
+                self.emit(measure_paired(ours, peer, beyond[0], **self.decode_kw), self.name)
+                gc.collect()
+
+    def prefill(self) -> None:
+        config = self.config
+        if not config.prefill_contexts:
+            return
+        for spec, runner in self.runners.items():
+            if isinstance(runner, str):
+                for n in config.prefill_contexts:
+                    self.emit(_skipped("prefill", spec, n, runner), self.name)
+                continue
+            if not self.todo.contexts("prefill", runner.name, config.prefill_contexts):
+                continue
+            with runner:
+                warm_up_prefill(runner, config.chunk_size)
+                if runner.bounded and runner.spec.kind != "evict":
+                    # Chunked prefills of every length side by side at the same pace (see
+                    # measure_prefill_interleaved): time(2n)/time(n) then measures the method.
+                    pending = self._allowed("prefill", spec, runner, config.prefill_contexts)
+                    rows = (
+                        measure_prefill_interleaved(
+                            runner, pending, chunk_size=config.chunk_size, seed=config.seed
+                        )
+                        if pending
+                        else ()
+                    )
+                    for row in rows:
+                        self.emit(row, self.name)
+                    gc.collect()
+                    continue
+                for n in self.todo.contexts("prefill", runner.name, config.prefill_contexts):
+                    reason = self.caps.check("prefill", runner, n)
+                    if reason is not None:
+                        self.emit(_skipped("prefill", spec, n, reason), self.name)
+                        continue
+                    row = measure_prefill(runner, n, chunk_size=config.chunk_size, seed=config.seed)
+                    self.caps.record("prefill", runner, n, row["prefill_s"])
+                    self.emit(row, self.name)
+                    gc.collect()

@@ -57,15 +57,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import sinkwindow
 
     from ..spec import parse_spec
-    from .trainer import TrainConfig, train_baseline
+    from .trainer import train_baseline
 
     spec = parse_spec(args.method)
     if args.threads:
         torch.set_num_threads(args.threads)
+    transfer, finetune = _stage_budgets(args, str(spec))
+    if args.start_from is not None:
+        _check_start_from(args.start_from)
+    out = args.out or f"runs/{args.model.replace('/', '_')}-{str(spec).replace(':', '')}"
+    device = resolve.resolve_device(args.device)  # the trainer follows the model's device
+    model, tok = sinkwindow.load(args.model, dtype=torch.float32, device=device)
+    logging.getLogger(__name__).info("training %s: %d + %d tokens into %s", spec, transfer, finetune, out)
+    summary = train_baseline(model, tok, str(spec), out, _train_config(args, transfer, finetune))
+    _say_how_it_ended(summary, args, str(spec), out)
+    return 0
+
+
+def _stage_budgets(args: argparse.Namespace, spec: str) -> tuple[int, int]:
+    """``(stage-1 tokens, stage-2 tokens)`` from the budget flags; flags that another flag would
+    override in silence are refused instead."""
     from .trainer import recipe_for
 
-    single_stage = recipe_for(str(spec)).stages == ("finetune",)
-    # Flags that another flag would override in silence are refused instead.
+    single_stage = recipe_for(spec).stages == ("finetune",)
     given = [f for f, v in (("--tokens", args.tokens), ("--transfer-tokens", args.transfer_tokens),
                             ("--finetune-tokens", args.finetune_tokens)) if v is not None]  # fmt: skip
     if args.paper_budget and given:
@@ -82,37 +96,39 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{spec} trains in its one LoRA stage only: --no-finetune would leave nothing to train"
         )
-    args.tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+    tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
     if args.paper_budget:
         transfer, finetune = (0 if single_stage else PAPER_TOKENS), PAPER_TOKENS
     elif single_stage:
         # Liger has no attention transfer: the whole budget goes to its one LoRA stage.
         transfer = 0
-        finetune = args.finetune_tokens if args.finetune_tokens is not None else args.tokens
+        finetune = args.finetune_tokens if args.finetune_tokens is not None else tokens
     else:
         # --tokens is the whole budget, split 1:2 like the CPU defaults of docs/linear.md §6 (1-2M / 2-5M).
-        transfer = args.transfer_tokens if args.transfer_tokens is not None else args.tokens // 3
-        finetune = (
-            args.finetune_tokens if args.finetune_tokens is not None else args.tokens - args.tokens // 3
-        )
+        transfer = args.transfer_tokens if args.transfer_tokens is not None else tokens // 3
+        finetune = args.finetune_tokens if args.finetune_tokens is not None else tokens - tokens // 3
     if args.no_finetune:
         finetune = 0
     if transfer + finetune == 0:
         raise ValueError("nothing to train: give --tokens, --transfer-tokens or --finetune-tokens above 0")
-    if args.start_from is not None:
-        from ..linear.checkpoint import read_metadata
+    return transfer, finetune
 
-        # Before the model loads and the run folder exists: a finished run's file holds LoRA.
-        if read_metadata(args.start_from).get("lora"):
-            raise ValueError(
-                f"--start-from {args.start_from} holds LoRA adapters (a finished run): give a stage-1 checkpoint, "
-                f"a run's transfer/best.safetensors"
-            )
-    out = args.out or f"runs/{args.model.replace('/', '_')}-{str(spec).replace(':', '')}"
-    device = resolve.resolve_device(args.device)  # the trainer follows the model's device
-    model, tok = sinkwindow.load(args.model, dtype=torch.float32, device=device)
-    logging.getLogger(__name__).info("training %s: %d + %d tokens into %s", spec, transfer, finetune, out)
-    config = TrainConfig(
+
+def _check_start_from(path: str) -> None:
+    """Before the model loads and the run folder exists: a finished run's file holds LoRA."""
+    from ..linear.checkpoint import read_metadata
+
+    if read_metadata(path).get("lora"):
+        raise ValueError(
+            f"--start-from {path} holds LoRA adapters (a finished run): give a stage-1 checkpoint, "
+            f"a run's transfer/best.safetensors"
+        )
+
+
+def _train_config(args: argparse.Namespace, transfer: int, finetune: int):
+    from .trainer import TrainConfig
+
+    return TrainConfig(
         data=args.data,
         transfer_tokens=transfer,
         finetune_tokens=finetune,
@@ -133,7 +149,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         model_name=args.model,
         start_from=args.start_from,
     )
-    summary = train_baseline(model, tok, str(spec), out, config)
+
+
+def _say_how_it_ended(summary: dict, args: argparse.Namespace, spec: str, out: str) -> None:
+    """The curves, the checkpoint and how to use it (or how to resume), then the summary as JSON."""
     try:
         from .curves import plot_curves
 
@@ -153,7 +172,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
             f"stopped (--max-minutes or a signal) with the last finished step saved; rerun the same command to resume from {out}"
         )
     print(json.dumps(summary))
-    return 0
 
 
 def register(subparsers) -> None:

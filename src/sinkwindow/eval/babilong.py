@@ -584,43 +584,9 @@ def generate_babilong(
 
     subset: set[int] | None = None
     if facts == "generated":
-        if num_samples is None:
-            raise ValueError("num_samples is required for generated facts")
-        label = "generator"
-        pool: list[BabiSample] = []
-        stream_index = 0
-        while len(pool) < num_samples:
-            # Draw one at a time so that dropped (too long) samples are simply skipped over.
-            candidate = babi_sample(task, stream_index, seed)
-            stream_index += 1
-            if fits(candidate):
-                pool.append(candidate)
-            elif stream_index > 100 * (num_samples + 10):
-                raise ValueError(f"length={length} leaves room for too few facts for {task}")
+        label, pool = "generator", _generated_pool(task, num_samples, seed, length, fits)
     elif source is None or (isinstance(source, (str, Path)) and Path(source).is_dir()):
-        if source is None:
-            label, ordered = "shipped bAbI v1.2 en-10k test", babilong_questions(task)
-            subset = set(babilong_subset()[task])
-        else:
-            label, ordered = str(source), _folder_samples(task, Path(source), length)
-            if ordered and ordered[0].context is None:
-                subset = set(babilong_subset(source)[task])
-        # Lazily: only as many questions are token-counted as are taken.
-        fitting = (s for s in ordered if (keep_context and s.context is not None) or fits(s))
-        pool = list(itertools.islice(fitting, num_samples))
-        if num_samples is not None and len(pool) < num_samples:
-            raise ValueError(
-                f"only {len(pool)} real {task} questions fit length {length} ({label}); ask for at most "
-                f"{len(pool)} samples, or use generated facts (--babilong-facts generated)"
-            )
-        if subset is not None and sum(s.index in subset for s in pool) < len(pool):
-            logger.info(
-                "%s at length %d: %d of %d samples are test questions outside BABILong's 100",
-                task,
-                length,
-                sum(s.index not in subset for s in pool),
-                len(pool),
-            )
+        label, pool, subset = _real_pool(task, num_samples, source, length, fits, keep_context)
     else:
         label = str(source) if isinstance(source, (str, Path)) else "samples"
         pool = [
@@ -638,15 +604,7 @@ def generate_babilong(
             # 0K: each fact encoded as " " + fact, decoded and stripped.
             context, positions = " ".join(sample.facts), []
         else:
-            fact_tokens = sum(count.many([" " + f for f in sample.facts]))
-            background = sampler.get_sample(message - fact_tokens)
-            positions = sorted(int(p) for p in positions_rng.choice(len(background) + 1, len(sample.facts)))
-            slots: list[list[str]] = [[] for _ in range(len(background) + 1)]
-            for fact, position in zip(sample.facts, positions):
-                slots[position].append(fact)
-            for i, sentence in enumerate(background):
-                slots[i].append(sentence)
-            context = " ".join(piece for slot in slots for piece in slot).strip()
+            context, positions = _hide_facts(sample.facts, sampler, positions_rng, count, message)
         prompt = format_babilong_prompt(task, context, sample.question)
         out.append(
             BabilongSample(
@@ -672,3 +630,62 @@ def generate_babilong(
         )
     logger.info("built %d BABILong %s samples at length %d", len(out), task, length)
     return out
+
+
+def _generated_pool(task: str, num_samples: int | None, seed: int, length: int, fits) -> list[BabiSample]:
+    """``num_samples`` generated bAbI samples that fit, in stream order."""
+    if num_samples is None:
+        raise ValueError("num_samples is required for generated facts")
+    pool: list[BabiSample] = []
+    stream_index = 0
+    while len(pool) < num_samples:
+        # Draw one at a time so that dropped (too long) samples are simply skipped over.
+        candidate = babi_sample(task, stream_index, seed)
+        stream_index += 1
+        if fits(candidate):
+            pool.append(candidate)
+        elif stream_index > 100 * (num_samples + 10):
+            raise ValueError(f"length={length} leaves room for too few facts for {task}")
+    return pool
+
+
+def _real_pool(task: str, num_samples: int | None, source, length: int, fits, keep_context: bool):
+    """``(label, samples, BABILong's 100 or None)``: the first real questions that fit, in BABILong's
+    order, from the shipped files (``source=None``) or a folder."""
+    subset: set[int] | None = None
+    if source is None:
+        label, ordered = "shipped bAbI v1.2 en-10k test", babilong_questions(task)
+        subset = set(babilong_subset()[task])
+    else:
+        label, ordered = str(source), _folder_samples(task, Path(source), length)
+        if ordered and ordered[0].context is None:
+            subset = set(babilong_subset(source)[task])
+    # Lazily: only as many questions are token-counted as are taken.
+    fitting = (s for s in ordered if (keep_context and s.context is not None) or fits(s))
+    pool = list(itertools.islice(fitting, num_samples))
+    if num_samples is not None and len(pool) < num_samples:
+        raise ValueError(
+            f"only {len(pool)} real {task} questions fit length {length} ({label}); ask for at most "
+            f"{len(pool)} samples, or use generated facts (--babilong-facts generated)"
+        )
+    if subset is not None and sum(s.index in subset for s in pool) < len(pool):
+        outside = sum(s.index not in subset for s in pool)
+        logger.info("%s at length %d: %d of %d samples are test questions outside BABILong's 100",
+                    task, length, outside, len(pool))  # fmt: skip
+    return label, pool, subset
+
+
+def _hide_facts(
+    facts, sampler: _EssaySentenceSampler, rng, count: _Counter, message: int
+) -> tuple[str, list[int]]:
+    """``(context, fact positions)``: the facts at seeded sentence positions in essay background
+    that fills the message budget with them."""
+    fact_tokens = sum(count.many([" " + f for f in facts]))
+    background = sampler.get_sample(message - fact_tokens)
+    positions = sorted(int(p) for p in rng.choice(len(background) + 1, len(facts)))
+    slots: list[list[str]] = [[] for _ in range(len(background) + 1)]
+    for fact, position in zip(facts, positions):
+        slots[position].append(fact)
+    for i, sentence in enumerate(background):
+        slots[i].append(sentence)
+    return " ".join(piece for slot in slots for piece in slot).strip(), positions

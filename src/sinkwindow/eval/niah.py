@@ -459,16 +459,7 @@ def generate_niah(
             line = rng.sample(range(n), 1)[0]
             if depths == "stratified":
                 line = _stratified(index, num_samples, range(n))
-            text, position = builder.build(n, **draw, line=line)
-            n_tokens = count(text)
-            # The needle line's place barely matters to the count; shrink if a merge says otherwise.
-            while n_tokens > limit and n > 1:
-                n -= 1
-                line = min(line, n - 1)
-                text, position = builder.build(n, **draw, line=line)
-                n_tokens = count(text)
-            if n_tokens > limit:
-                raise ValueError(f"length={length} cannot hold one noise line plus the prompt")
+            n, text, position, n_tokens = _noise_haystack(builder, draw, n, line, count, limit, length)
             depth_pct = 100.0 * position / n
         else:
             position = builder.build(n, **draw)[1]
@@ -496,6 +487,22 @@ def generate_niah(
         )
     logger.info("generated %d %s samples at length %d", len(samples), config.name, length)
     return samples
+
+
+def _noise_haystack(builder: _Builder, draw: dict, n: int, line: int, count, limit: int, length: int):
+    """``(lines, text, needle position, tokens)`` of a noise haystack of ``n`` lines with the needle
+    at ``line``, shrunk by a line at a time while it overflows ``limit``."""
+    text, position = builder.build(n, **draw, line=line)
+    n_tokens = count(text)
+    # The needle line's place barely matters to the count; shrink if a merge says otherwise.
+    while n_tokens > limit and n > 1:
+        n -= 1
+        line = min(line, n - 1)
+        text, position = builder.build(n, **draw, line=line)
+        n_tokens = count(text)
+    if n_tokens > limit:
+        raise ValueError(f"length={length} cannot hold one noise line plus the prompt")
+    return n, text, position, n_tokens
 
 
 def needle_tokens(tokenizer: Any, text: str, value: str, *, add_special_tokens: bool) -> tuple[int, int]:

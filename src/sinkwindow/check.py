@@ -485,6 +485,59 @@ def check_model(
     """
     t0 = time.perf_counter()
     spec = validate_options(spec, seq_len, layers)
+    n_layers = text_config(model).num_hidden_layers
+    length, k, chunk = _check_sizes(model, spec, seq_len, layers, chunk_size)
+    decode_steps = min(MAX_DECODE_STEPS, max(1, (length - spec.window) // 2))
+    dtype = next(model.parameters()).dtype
+    rel = TOLERANCES.get(dtype, 1e-2)
+    ids = _random_ids(model, length, seed, input_device(model))
+    report = CheckReport(
+        model=name or getattr(model, "name_or_path", "") or type(model).__name__,
+        spec=str(spec),
+        seq_len=length,
+        layers=n_layers,
+        reference_layers=k,
+        dtype=str(dtype).removeprefix("torch."),
+        window=spec.window,
+    )
+    checks = report.checks
+    sdpa_ok = _supports_sdpa(model)
+    main_impl = "sdpa" if sdpa_ok else "eager"
+    # One block around the whole check: leaving it gives the model back whatever it ran before
+    # (spec, native-sliding policy and attention implementation), whatever the check switched to.
+    with apply(model, "full"):
+        logger.info("check %s on %d tokens: full attention", spec, length)
+        full = _forward(model, ids)
+        checks.extend(_reference_checks(model, ids, spec, k, native_sliding, rel, sdpa_ok))
+        apply(model, "full")
+
+        # The whole model: eager vs SDPA, the cache paths vs one shot, SWA vs full.
+        logger.info("check: patched model (%s), one shot", main_impl)
+        apply(model, spec, native_sliding=native_sliding, attn_implementation=main_impl)
+        one_shot = _forward(model, ids)
+        if sdpa_ok:
+            apply(model, spec, native_sliding=native_sliding, attn_implementation="eager")
+            eager = _forward(model, ids)
+            label = f"eager vs sdpa (all {n_layers} layers)"
+            why = "the two mask builders over the whole model"
+            checks.append(_compare("eager_vs_sdpa", label, eager, one_shot, rel, why))
+            del eager
+            apply(model, spec, native_sliding=native_sliding, attn_implementation=main_impl)
+        logger.info("check: chunked prefill + %d decode steps", decode_steps)
+        cache_checks, report.cache_entries, report.cache_bounds = _cache_paths(
+            model, ids, one_shot, spec, native_sliding, rel, chunk, decode_steps
+        )
+        checks.extend(cache_checks)
+        checks.append(_differs_from_full(one_shot, full, spec.window, rel))
+    report.seconds = time.perf_counter() - t0
+    for c in checks:
+        # Info, not warning: failures are the report's content, and the caller decides how to show them.
+        logger.info("check %s: %s (%s)", c.name, c.status, c.detail)
+    return report
+
+
+def _check_sizes(model, spec: MethodSpec, seq_len, layers, chunk_size) -> tuple[int, int, int]:
+    """``(tokens, reference layers, prefill chunk)`` of a check, each refused with the fix when out of range."""
     cfg = text_config(model)
     n_layers = cfg.num_hidden_layers
     length = seq_len if seq_len is not None else default_seq_len(spec.window)
@@ -508,87 +561,46 @@ def check_model(
     chunk = chunk_size if chunk_size is not None else spec.window // 2 + 1
     if chunk < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk}")
-    decode_steps = min(MAX_DECODE_STEPS, max(1, (length - spec.window) // 2))
-    dtype = next(model.parameters()).dtype
-    rel = TOLERANCES.get(dtype, 1e-2)
-    ids = _random_ids(model, length, seed, input_device(model))
+    return length, k, chunk
 
-    report = CheckReport(
-        model=name or getattr(model, "name_or_path", "") or type(model).__name__,
-        spec=str(spec),
-        seq_len=length,
-        layers=n_layers,
-        reference_layers=k,
-        dtype=str(dtype).removeprefix("torch."),
-        window=spec.window,
+
+def _reference_checks(
+    model, ids, spec: MethodSpec, k: int, native_sliding: str, rel: float, sdpa_ok: bool
+) -> list:
+    """SDPA and eager against the fp64 reference, on a copy cut to ``k`` layers when the model has more."""
+    n_layers = text_config(model).num_hidden_layers
+    twin = truncate_layers(model, k) if k < n_layers else model
+    where = f"first {k} of {n_layers} layers" if twin is not model else f"all {n_layers} layers"
+    logger.info("check: fp64 reference on %s", where)
+    # A hybrid's units past the copy's last layer are not there to check.
+    twin_spec = (
+        spec.with_full([i for i in spec.full_layers if i < k], [u for u in spec.full_heads if u[0] < k])
+        if twin is not model
+        else spec
     )
-    checks = report.checks
-    sdpa_ok = _supports_sdpa(model)
-    main_impl = "sdpa" if sdpa_ok else "eager"
-    # One block around the whole check: leaving it gives the model back whatever it ran before
-    # (spec, native-sliding policy and attention implementation), whatever the check switched to.
-    with apply(model, "full"):
-        logger.info("check %s on %d tokens: full attention", spec, length)
-        full = _forward(model, ids)
+    ref = reference_logits(twin, ids, twin_spec, native_sliding=native_sliding)
+    checks = []
+    for impl in ("sdpa", "eager"):
+        row, label = f"{impl}_vs_reference", f"{impl} vs fp64 reference ({where})"
+        if impl == "sdpa" and not sdpa_ok:
+            checks.append(
+                CheckResult(row, label, None, None, "skip", "transformers has no SDPA for this family")
+            )
+            continue
+        apply(twin, twin_spec, native_sliding=native_sliding, attn_implementation=impl)
+        why = f"patched {impl} against dense float64 attention masked from the formula"
+        checks.append(_compare(row, label, _forward(twin, ids), ref, rel, why))
+    return checks
 
-        # The fp64 reference, on a copy cut to k layers when the model has more.
-        twin = truncate_layers(model, k) if k < n_layers else model
-        where = f"first {k} of {n_layers} layers" if twin is not model else f"all {n_layers} layers"
-        logger.info("check: fp64 reference on %s", where)
-        # A hybrid's units past the copy's last layer are not there to check.
-        twin_spec = (
-            spec.with_full([i for i in spec.full_layers if i < k], [u for u in spec.full_heads if u[0] < k])
-            if twin is not model
-            else spec
-        )
-        ref = reference_logits(twin, ids, twin_spec, native_sliding=native_sliding)
-        for impl in ("sdpa", "eager"):
-            row, label = f"{impl}_vs_reference", f"{impl} vs fp64 reference ({where})"
-            if impl == "sdpa" and not sdpa_ok:
-                why = "transformers has no SDPA for this family"
-                checks.append(CheckResult(row, label, None, None, "skip", why))
-                continue
-            apply(twin, twin_spec, native_sliding=native_sliding, attn_implementation=impl)
-            why = f"patched {impl} against dense float64 attention masked from the formula"
-            checks.append(_compare(row, label, _forward(twin, ids), ref, rel, why))
-        if twin is not model:
-            del twin
-        else:
-            apply(model, "full")
-        del ref
 
-        # The whole model: eager vs SDPA, the cache paths vs one shot, SWA vs full.
-        logger.info("check: patched model (%s), one shot", main_impl)
-        apply(model, spec, native_sliding=native_sliding, attn_implementation=main_impl)
-        one_shot = _forward(model, ids)
-        if sdpa_ok:
-            apply(model, spec, native_sliding=native_sliding, attn_implementation="eager")
-            eager = _forward(model, ids)
-            label = f"eager vs sdpa (all {n_layers} layers)"
-            why = "the two mask builders over the whole model"
-            checks.append(_compare("eager_vs_sdpa", label, eager, one_shot, rel, why))
-            del eager
-            apply(model, spec, native_sliding=native_sliding, attn_implementation=main_impl)
-        logger.info("check: chunked prefill + %d decode steps", decode_steps)
-        cache_checks, report.cache_entries, report.cache_bounds = _cache_paths(
-            model, ids, one_shot, spec, native_sliding, rel, chunk, decode_steps
-        )
-        checks.extend(cache_checks)
-
-        past = one_shot[:, spec.window :]
-        diff = _max_diff(past, full[:, spec.window :])
-        margin = rel * _scale(one_shot)
-        ok = diff > margin
-        if ok:
-            why = f"positions {spec.window}..{length - 1} differ from full attention"
-        else:
-            why = f"past W the logits are within {diff:.3g} of full attention (need > {margin:.3g}): no mask applied"
-        label = "SWA ≠ full (positions past W)"
-        checks.append(
-            CheckResult("swa_differs_from_full", label, diff, margin, "pass" if ok else "fail", why)
-        )
-    report.seconds = time.perf_counter() - t0
-    for c in checks:
-        # Info, not warning: failures are the report's content, and the caller decides how to show them.
-        logger.info("check %s: %s (%s)", c.name, c.status, c.detail)
-    return report
+def _differs_from_full(one_shot, full, window: int, rel: float) -> CheckResult:
+    """Past the window the patched logits must leave full attention's, or no mask was applied."""
+    diff = _max_diff(one_shot[:, window:], full[:, window:])
+    margin = rel * _scale(one_shot)
+    ok = diff > margin
+    if ok:
+        why = f"positions {window}..{one_shot.shape[1] - 1} differ from full attention"
+    else:
+        why = f"past W the logits are within {diff:.3g} of full attention (need > {margin:.3g}): no mask applied"
+    label = "SWA ≠ full (positions past W)"
+    return CheckResult("swa_differs_from_full", label, diff, margin, "pass" if ok else "fail", why)

@@ -493,6 +493,29 @@ def markdown_report(
     """The run as Markdown: targets, then per model decode, memory and prefill tables."""
     meta = meta or {}
     out = ["# sinkwindow bench: decode throughput, memory and prefill against context length", ""]
+    out += _environment_lines(meta)
+    out += [
+        "",
+        "Decode: median of the timed steps after warm-up; contexts above the real-prefill limit build the cache "
+        "state directly (same shapes and layout as a real prefill, see `sinkwindow.bench.methods`). "
+        "KV bytes: tensor storage held by the cache after the fill (✓: equals the analytic size).",
+        "",
+    ]
+    if targets:
+        out += _targets_table(targets, targets_min)
+    notes: dict[str, int] = {}
+    for model in _models(rows):
+        out += _model_section(rows, model, notes)
+    if notes:
+        out += ["## Skipped cells", ""]
+        out += [f"[{i}] {reason}" + "  " for reason, i in notes.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def _environment_lines(meta: dict) -> list[str]:
+    """Versions, device, threads and load, and the measured bandwidth per model."""
+    out = []
     env = meta.get("env", {})
     if env:
         out.append(
@@ -507,94 +530,77 @@ def markdown_report(
             f"(the roofline uses the larger); batch-1 matmul (GEMV) over distinct weights "
             f"{bw.get('gemv_gbps', float('nan')):.1f} GB/s (torch threads {bw['threads']}, {bw['buffer_bytes'] >> 20} MiB buffers)."
         )
-    out += [
+    return out
+
+
+def _targets_table(targets: list[dict], targets_min: list[dict] | None) -> list[str]:
+    verdict = {True: "yes", False: "**no**", None: "n/a"}
+    mins = {t["name"]: t for t in targets_min or []}
+    out = [
+        "## Targets",
         "",
-        "Decode: median of the timed steps after warm-up; contexts above the real-prefill limit build the cache "
-        "state directly (same shapes and layout as a real prefill, see `sinkwindow.bench.methods`). "
-        "KV bytes: tensor storage held by the cache after the fill (✓: equals the analytic size).",
+        "Decode times compared by each cell's median step; the last columns repeat the check with each "
+        "cell's fastest step (least disturbed by other processes on a shared machine).",
         "",
+        "| target | goal | measured (median step) | ok | detail | fastest step | ok |",
+        "|---|---|---|---|---|---|---|",
     ]
-    if targets:
-        verdict = {True: "yes", False: "**no**", None: "n/a"}
-        mins = {t["name"]: t for t in targets_min or []}
+    for t in targets:
+        m = mins.get(t["name"], {"value": None, "ok": None})
+        out.append(
+            f"| {t['name']} | {t['goal']} | `{json.dumps(t['value'])}` | {verdict[t['ok']]} | {t['detail']} "
+            f"| `{json.dumps(m['value'])}` | {verdict[m['ok']]} |"
+        )
+    return out + [""]
+
+
+def _model_section(rows: list[dict], model: str, notes: dict[str, int]) -> list[str]:
+    """One model's decode time, KV bytes, peak memory, paired cells, peers and prefill tables."""
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["model"] == model))
+
+    def kv_cell(r):
+        return fmt_bytes(r["kv_bytes"]) + (" ✓" if r.get("kv_bytes_analytic") == r["kv_bytes"] else "")
+
+    def peak_cell(r):
+        return fmt_bytes(
+            r["cuda_peak_bytes"] if r.get("cuda_peak_bytes") is not None else r["peak_rss_bytes"]
+        )
+
+    out = [f"## {model}", "", "### Decode: ms/token (tokens/s)", ""]
+    out += _table(
+        rows, "decode", model, lambda r: f"{r['ms_per_token']:.2f} ({r['tokens_per_s']:.1f})", methods, notes
+    )
+    out += ["", "### Decode: KV/state bytes held by the cache", ""]
+    out += _table(rows, "decode", model, kv_cell, methods, notes)
+    out += ["", "### Decode: peak RSS (or CUDA peak) over fill + decode", ""]
+    out += _table(rows, "decode", model, peak_cell, methods, notes)
+    paired = _ok(rows, "paired", model)
+    if paired:
         out += [
-            "## Targets",
             "",
-            "Decode times compared by each cell's median step; the last columns repeat the check with each "
-            "cell's fastest step (least disturbed by other processes on a shared machine).",
+            "### Paired cells: a windowed method vs a baseline (the unpatched model, or a peer), alternating steps",
             "",
-            "| target | goal | measured (median step) | ok | detail | fastest step | ok |",
-            "|---|---|---|---|---|---|---|",
+            "| method | baseline | context | method ms (min) | baseline ms (min) | ratio of medians | median of paired ratios |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
-        for t in targets:
-            m = mins.get(t["name"], {"value": None, "ok": None})
+        for r in paired:
             out.append(
-                f"| {t['name']} | {t['goal']} | `{json.dumps(t['value'])}` | {verdict[t['ok']]} | {t['detail']} "
-                f"| `{json.dumps(m['value'])}` | {verdict[m['ok']]} |"
+                f"| {r['method']} | {r.get('baseline', 'full')} | {r['context']} | {r['ms_per_token']:.2f} ({r['ms_per_token_min']:.2f}) | "
+                f"{r['ms_per_token_baseline']:.2f} ({r['ms_per_token_baseline_min']:.2f}) | "
+                f"{r['ms_per_token'] / r['ms_per_token_baseline']:.3f} | {r.get('ratio_paired', float('nan')):.3f} |"
             )
-        out.append("")
-    notes: dict[str, int] = {}
-    for model in _models(rows):
-        methods = list(dict.fromkeys(r["method"] for r in rows if r["model"] == model))
-        out += [f"## {model}", "", "### Decode: ms/token (tokens/s)", ""]
+    out += _peer_table(rows, model)
+    if any(r["kind"] == "prefill" and r["model"] == model for r in rows):
+        out += ["", "### Prefill: seconds (tokens/s)", ""]
         out += _table(
             rows,
-            "decode",
+            "prefill",
             model,
-            lambda r: f"{r['ms_per_token']:.2f} ({r['tokens_per_s']:.1f})",
+            lambda r: f"{r['prefill_s']:.2f} ({r['tokens_per_s']:.0f})",
             methods,
             notes,
         )
-
-        def kv_cell(r):
-            mark = " ✓" if r.get("kv_bytes_analytic") == r["kv_bytes"] else ""
-            return fmt_bytes(r["kv_bytes"]) + mark
-
-        out += ["", "### Decode: KV/state bytes held by the cache", ""]
-        out += _table(rows, "decode", model, kv_cell, methods, notes)
-        out += ["", "### Decode: peak RSS (or CUDA peak) over fill + decode", ""]
-        out += _table(
-            rows,
-            "decode",
-            model,
-            lambda r: fmt_bytes(
-                r["cuda_peak_bytes"] if r.get("cuda_peak_bytes") is not None else r["peak_rss_bytes"]
-            ),
-            methods,
-            notes,
-        )
-        paired = _ok(rows, "paired", model)
-        if paired:
-            out += [
-                "",
-                "### Paired cells: a windowed method vs a baseline (the unpatched model, or a peer), alternating steps",
-                "",
-                "| method | baseline | context | method ms (min) | baseline ms (min) | ratio of medians | median of paired ratios |",
-                "|---|---|---:|---:|---:|---:|---:|",
-            ]
-            for r in paired:
-                out.append(
-                    f"| {r['method']} | {r.get('baseline', 'full')} | {r['context']} | {r['ms_per_token']:.2f} ({r['ms_per_token_min']:.2f}) | "
-                    f"{r['ms_per_token_baseline']:.2f} ({r['ms_per_token_baseline_min']:.2f}) | "
-                    f"{r['ms_per_token'] / r['ms_per_token_baseline']:.3f} | {r.get('ratio_paired', float('nan')):.3f} |"
-                )
-        out += _peer_table(rows, model)
-        if any(r["kind"] == "prefill" and r["model"] == model for r in rows):
-            out += ["", "### Prefill: seconds (tokens/s)", ""]
-            out += _table(
-                rows,
-                "prefill",
-                model,
-                lambda r: f"{r['prefill_s']:.2f} ({r['tokens_per_s']:.0f})",
-                methods,
-                notes,
-            )
-        out.append("")
-    if notes:
-        out += ["## Skipped cells", ""]
-        out += [f"[{i}] {reason}" + "  " for reason, i in notes.items()]
-        out.append("")
-    return "\n".join(out)
+    return out + [""]
 
 
 def plot_model(rows: list[dict], model: str, out_dir: str | Path) -> list[Path]:

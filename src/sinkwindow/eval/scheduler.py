@@ -345,115 +345,139 @@ class LocalScheduler(Scheduler):
         )
 
     def run(self, job: CellJob, cells: Sequence[Cell], on_result: OnResult) -> list[CellFailure]:
-        import multiprocessing as mp
-        from multiprocessing.connection import wait
-
         if not cells:
             return []
         n, threads = self.sizes(len(cells))
         logger.info("%s", self.describe(len(cells)))
-        ctx = mp.get_context("spawn")
-        payload = pickle.dumps(job)
-        pending = deque(range(len(cells)))
-        attempts = [0] * len(cells)
-        finished: set[int] = set()
-        failures: list[CellFailure] = []
-        workers: list[_Worker] = []
-        # A death with a cell in flight uses up one of that cell's tries, so those are bounded; a
-        # worker that dies holding none (killed while loading its model) is replaced too, but only
-        # so often: a machine that kills every worker must not loop forever.
-        idle_deaths = 0
-
-        def spawn() -> None:
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, payload, threads), daemon=True)
-            proc.start()
-            child.close()  # the worker holds the other end; recv() sees EOF when it dies
-            workers.append(_Worker(proc, parent))
-
-        def give_back(w: _Worker, reason: str) -> None:
-            idx, w.cell = w.cell, None
-            if idx is None or idx in finished:
-                return
-            if attempts[idx] > self.max_retries:
-                failures.append(CellFailure(cells[idx], reason, attempts[idx]))
-                finished.add(idx)
-            else:
-                logger.warning(
-                    "cell %s: %s; retrying (try %d)", cells[idx].label(), reason, attempts[idx] + 1
-                )
-                pending.appendleft(idx)
-
-        def assign(w: _Worker) -> None:
-            pick = _next_cell(pending, cells, w.method if self.keep_method else None)
-            pending.remove(pick)
-            try:
-                w.conn.send((pick, cells[pick]))
-            except OSError:  # it just died: the cell goes back untried, the death is seen below
-                pending.appendleft(pick)
-                return
-            attempts[pick] += 1
-            w.cell, w.method = pick, cells[pick].method
-
-        def handle(w: _Worker, msg) -> None:
-            kind = msg[0]
-            if kind == "load_error":
-                raise msg[1]
-            idx = msg[1]
-            if idx != w.cell:  # not what it was given: ignore rather than write anything twice
-                return
-            if kind == "done":
-                w.cell = None
-                finished.add(idx)
-                on_result(cells[idx], msg[2])
-            else:
-                logger.debug("cell %s raised in worker %s:\n%s", cells[idx].label(), w.proc.pid, msg[3])
-                give_back(w, msg[2])
-
+        pool = _Pool(self, job, cells, on_result, n, threads)
         clean = False
         try:
             for _ in range(n):
-                spawn()
-            while len(finished) < len(cells):
-                for w in workers:
-                    if w.cell is None and pending and w.proc.is_alive():
-                        assign(w)
-                wait([w.conn for w in workers] + [w.proc.sentinel for w in workers], timeout=5.0)
-                for w in list(workers):
-                    for msg in _drain(w.conn):
-                        handle(w, msg)
-                    if w.proc.is_alive():
-                        continue
-                    w.proc.join(timeout=10)
-                    workers.remove(w)
-                    w.conn.close()
-                    idle_deaths += w.cell is None
-                    give_back(w, f"worker died (exit code {w.proc.exitcode})")
-                busy = sum(w.cell is not None for w in workers)
-                while pending and len(workers) < min(n, busy + len(pending)):
-                    if idle_deaths > n * (self.max_retries + 1):
-                        raise RuntimeError(
-                            "local workers keep dying before they finish a cell; see the log above, or "
-                            "run without --workers"
-                        )
-                    spawn()
+                pool.spawn()
+            while len(pool.finished) < len(cells):
+                pool.step()
             clean = True
         finally:
-            # Done: idle workers are told to stop. Interrupted or failed: they are stopped now,
-            # their cells in flight are simply not written (a re-run does them).
-            for w in workers:
-                if clean:
-                    with contextlib.suppress(OSError):  # already gone
-                        w.conn.send(None)
-                else:
-                    w.proc.terminate()
-            for w in workers:
-                w.proc.join(timeout=30)
-                if w.proc.is_alive():
-                    w.proc.terminate()
-                    w.proc.join(timeout=10)
-                w.conn.close()
-        return failures
+            pool.stop(clean)
+        return pool.failures
+
+
+class _Pool:
+    """The local workers of one ``LocalScheduler.run``: which cell each holds, each cell's tries,
+    and what finished or failed.
+
+    A death with a cell in flight uses up one of that cell's tries, so those are bounded; a worker
+    that dies holding none (killed while loading its model) is replaced too, but only so often: a
+    machine that kills every worker must not loop forever.
+    """
+
+    def __init__(self, scheduler: LocalScheduler, job: CellJob, cells: Sequence[Cell], on_result: OnResult,
+                 n: int, threads: int) -> None:  # fmt: skip
+        import multiprocessing as mp
+
+        self.scheduler, self.cells, self.on_result, self.n, self.threads = (
+            scheduler,
+            cells,
+            on_result,
+            n,
+            threads,
+        )
+        self.ctx = mp.get_context("spawn")
+        self.payload = pickle.dumps(job)
+        self.pending = deque(range(len(cells)))
+        self.attempts = [0] * len(cells)
+        self.finished: set[int] = set()
+        self.failures: list[CellFailure] = []
+        self.workers: list[_Worker] = []
+        self.idle_deaths = 0
+
+    def spawn(self) -> None:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker_main, args=(child, self.payload, self.threads), daemon=True)
+        proc.start()
+        child.close()  # the worker holds the other end; recv() sees EOF when it dies
+        self.workers.append(_Worker(proc, parent))
+
+    def give_back(self, w: _Worker, reason: str) -> None:
+        """The worker's cell goes back to the queue, or fails when its tries are spent."""
+        idx, w.cell = w.cell, None
+        if idx is None or idx in self.finished:
+            return
+        if self.attempts[idx] > self.scheduler.max_retries:
+            self.failures.append(CellFailure(self.cells[idx], reason, self.attempts[idx]))
+            self.finished.add(idx)
+        else:
+            label = self.cells[idx].label()
+            logger.warning("cell %s: %s; retrying (try %d)", label, reason, self.attempts[idx] + 1)
+            self.pending.appendleft(idx)
+
+    def assign(self, w: _Worker) -> None:
+        pick = _next_cell(self.pending, self.cells, w.method if self.scheduler.keep_method else None)
+        self.pending.remove(pick)
+        try:
+            w.conn.send((pick, self.cells[pick]))
+        except OSError:  # it just died: the cell goes back untried, the death is seen below
+            self.pending.appendleft(pick)
+            return
+        self.attempts[pick] += 1
+        w.cell, w.method = pick, self.cells[pick].method
+
+    def handle(self, w: _Worker, msg) -> None:
+        kind = msg[0]
+        if kind == "load_error":
+            raise msg[1]
+        idx = msg[1]
+        if idx != w.cell:  # not what it was given: ignore rather than write anything twice
+            return
+        if kind == "done":
+            w.cell = None
+            self.finished.add(idx)
+            self.on_result(self.cells[idx], msg[2])
+        else:
+            logger.debug("cell %s raised in worker %s:\n%s", self.cells[idx].label(), w.proc.pid, msg[3])
+            self.give_back(w, msg[2])
+
+    def step(self) -> None:
+        """Hand out cells, wait for a message or a death (at most 5 s), read them, replace the dead."""
+        from multiprocessing.connection import wait
+
+        for w in self.workers:
+            if w.cell is None and self.pending and w.proc.is_alive():
+                self.assign(w)
+        wait([w.conn for w in self.workers] + [w.proc.sentinel for w in self.workers], timeout=5.0)
+        for w in list(self.workers):
+            for msg in _drain(w.conn):
+                self.handle(w, msg)
+            if w.proc.is_alive():
+                continue
+            w.proc.join(timeout=10)
+            self.workers.remove(w)
+            w.conn.close()
+            self.idle_deaths += w.cell is None
+            self.give_back(w, f"worker died (exit code {w.proc.exitcode})")
+        busy = sum(w.cell is not None for w in self.workers)
+        while self.pending and len(self.workers) < min(self.n, busy + len(self.pending)):
+            if self.idle_deaths > self.n * (self.scheduler.max_retries + 1):
+                raise RuntimeError(
+                    "local workers keep dying before they finish a cell; see the log above, or run without --workers"
+                )
+            self.spawn()
+
+    def stop(self, clean: bool) -> None:
+        """Done: idle workers are told to stop. Interrupted or failed: they are stopped now, their
+        cells in flight are simply not written (a re-run does them)."""
+        for w in self.workers:
+            if clean:
+                with contextlib.suppress(OSError):  # already gone
+                    w.conn.send(None)
+            else:
+                w.proc.terminate()
+        for w in self.workers:
+            w.proc.join(timeout=30)
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join(timeout=10)
+            w.conn.close()
 
 
 # The model a Ray worker process loaded, kept for the tasks that follow in the same process.

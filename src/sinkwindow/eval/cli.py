@@ -301,45 +301,13 @@ def _add_depths(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..models import load
     from .report import write_report
-    from .runner import EvalConfig, plan_size
+    from .runner import plan_size
 
     args.source_diff = None if args.paper else _source_diff(args)
 
     size = "full" if args.full else "quick"
-    methods = args.methods
-    if methods is None:
-        methods, notes = compare_methods(args.model, {m for m, _ in args.checkpoint or [] if m})
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-    methods, checkpoints = resolve.resolve_checkpoints(args.checkpoint, methods)
-    _check_units(args.model, methods)
-    device, device_map = resolve.resolve_placement(args.device, args.device_map)
-    sizes = dict(COMPARE_SIZES[size])
-    if args.samples is not None:
-        sizes["samples"] = args.samples
-    cfg = EvalConfig(
-        model=args.model,
-        methods=methods,
-        seed=args.seed,
-        niah_depths=args.depths,
-        chunk_size=args.chunk_size,
-        native_sliding=args.native_sliding,
-        checkpoints=checkpoints,
-        babilong_facts=args.babilong_facts,
-        babilong_data=args.babilong_data,
-        device=device,
-        device_map=device_map,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        ray=args.ray,
-        threads=args.threads,
-        **sizes,
-    )
+    cfg = _compare_config(args, size)
     if args.paper:
         from .sweep import PAPER_MODELS
 
@@ -355,16 +323,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         f"  {plan_size(cfg)} samples in all; results -> {out / 'results.jsonl'} (re-run to resume)",
         file=sys.stderr,
     )
-    scheduled = cfg.workers is not None or cfg.ray is not None
-    model_tok = None
-    if not scheduled or args.short_data:
-        from ..threads import apply_threads
-
-        apply_threads(args.threads)  # before the load; run_eval keeps this choice
-        placement = (
-            {"device_map": cfg.device_map} if cfg.device_map is not None else {"device": cfg.device or "cpu"}
-        )
-        model_tok = load(cfg.model, dtype=getattr(torch, cfg.dtype or "float32"), **placement)
+    model_tok = _compare_model(args, cfg)
     if args.short_data and not args.new_run:
         # The short tasks run after the long part: a folder they cannot resume must be refused now,
         # not hours later.
@@ -388,6 +347,62 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _compare_config(args: argparse.Namespace, size: str):
+    """The long-context part of ``compare`` as an ``EvalConfig``: the size's counts, the methods
+    (the default list, or what ``--methods`` gives, with their checkpoints) and the run flags."""
+    from .runner import EvalConfig
+
+    methods = args.methods
+    if methods is None:
+        methods, notes = compare_methods(args.model, {m for m, _ in args.checkpoint or [] if m})
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    methods, checkpoints = resolve.resolve_checkpoints(args.checkpoint, methods)
+    _check_units(args.model, methods)
+    device, device_map = resolve.resolve_placement(args.device, args.device_map)
+    sizes = dict(COMPARE_SIZES[size])
+    if args.samples is not None:
+        sizes["samples"] = args.samples
+    return EvalConfig(
+        model=args.model,
+        methods=methods,
+        seed=args.seed,
+        niah_depths=args.depths,
+        chunk_size=args.chunk_size,
+        native_sliding=args.native_sliding,
+        checkpoints=checkpoints,
+        babilong_facts=args.babilong_facts,
+        babilong_data=args.babilong_data,
+        device=device,
+        device_map=device_map,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        ray=args.ray,
+        threads=args.threads,
+        **sizes,
+    )
+
+
+def _compare_model(args: argparse.Namespace, cfg):
+    """The model this process loads once for every method, or ``None`` when workers load their own
+    (and no short tasks need it here)."""
+    import torch
+
+    from ..models import load
+
+    scheduled = cfg.workers is not None or cfg.ray is not None
+    if not scheduled or args.short_data:
+        from ..threads import apply_threads
+
+        apply_threads(args.threads)  # before the load; run_eval keeps this choice
+        placement = (
+            {"device_map": cfg.device_map} if cfg.device_map is not None else {"device": cfg.device or "cpu"}
+        )
+        return load(cfg.model, dtype=getattr(torch, cfg.dtype or "float32"), **placement)
+    return None
 
 
 def _short_tasks(args, cfg, model_tok, out: Path, *, check_only: bool = False) -> list[str]:

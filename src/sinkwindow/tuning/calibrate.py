@@ -692,31 +692,7 @@ def calibrate(
         ValueError: not a plain swa spec, K out of range, an evaluation seed, or prompts that fit
             inside the window (where full attention changes nothing).
     """
-    base = check_base_spec(method)
-    if criterion not in CRITERIA:
-        raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
-    check_calibration_seed(seed)
-    units = model_units(model.config, by)
-    if not 0 <= k <= len(units):
-        what = "layers" if by == "layer" else "KV heads"
-        raise ValueError(f"K={k} is more than the model's {len(units)} {what}: give K from 1 to {len(units)}")
-    if length <= base.window:
-        raise ValueError(
-            f"calibration prompts of {length} tokens fit inside the window W={base.window}, where full "
-            f"attention changes nothing: use a --length above {base.window}"
-        )
-    if select not in SELECTIONS:
-        raise ValueError(f"unknown selection {select!r}: choose from {', '.join(SELECTIONS)}")
-    if select == "greedy":
-        if criterion != "nll":
-            raise ValueError(
-                f"greedy selection re-scores by the answer's NLL: use --criterion nll, not {criterion}"
-            )
-        pool = min(len(units), k + 6) if pool is None else pool
-        if not k <= pool <= len(units):
-            raise ValueError(f"--pool {pool} must be from K={k} to the model's {len(units)} units")
-    elif pool is not None:
-        raise ValueError("--pool sets greedy selection's candidates: add --select greedy, or drop --pool")
+    base, units, pool = _check_calibration(model, method, k, by, criterion, seed, length, select, pool)
     t0 = time.perf_counter()
     prompts = calibration_prompts(tokenizer, samples, length, seed)
     # The mass is one full-attention pass, so it is always reported beside the criterion that decides.
@@ -727,23 +703,7 @@ def calibrate(
     )[str(base)]  # fmt: skip
     steps: list[dict] = []
     if select == "greedy":
-        candidates = select_units(units, scores["nll"], pool)
-        ref = scores["nll_base"]
-        first = {u: ref - scores["nll"][units.index(u)] for u in candidates}
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=greedy_runs(pool, k) * len(prompts), desc="greedy", unit="prompt")
-        try:
-            chosen, steps = greedy_select(
-                candidates, k, lambda kept: _mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar),
-                first=first,
-            )  # fmt: skip
-        finally:
-            use_method(model, "full")
-            if bar is not None:
-                bar.close()
+        chosen, steps = _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress)
     else:
         chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
     kv_heads = kv_geometry(model.config)[2]
@@ -775,6 +735,57 @@ def calibrate(
         warnings=warnings,
         gate_losses=scores.get("gate_losses", []),
     )
+
+
+def _check_calibration(model, method, k, by, criterion, seed, length, select, pool):
+    """``(base spec, units, greedy's pool)``, after refusing what no calibration can run, each with the fix."""
+    base = check_base_spec(method)
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
+    check_calibration_seed(seed)
+    units = model_units(model.config, by)
+    if not 0 <= k <= len(units):
+        what = "layers" if by == "layer" else "KV heads"
+        raise ValueError(f"K={k} is more than the model's {len(units)} {what}: give K from 1 to {len(units)}")
+    if length <= base.window:
+        raise ValueError(
+            f"calibration prompts of {length} tokens fit inside the window W={base.window}, where full "
+            f"attention changes nothing: use a --length above {base.window}"
+        )
+    if select not in SELECTIONS:
+        raise ValueError(f"unknown selection {select!r}: choose from {', '.join(SELECTIONS)}")
+    if select == "greedy":
+        if criterion != "nll":
+            raise ValueError(
+                f"greedy selection re-scores by the answer's NLL: use --criterion nll, not {criterion}"
+            )
+        pool = min(len(units), k + 6) if pool is None else pool
+        if not k <= pool <= len(units):
+            raise ValueError(f"--pool {pool} must be from K={k} to the model's {len(units)} units")
+    elif pool is not None:
+        raise ValueError("--pool sets greedy selection's candidates: add --select greedy, or drop --pool")
+    return base, units, pool
+
+
+def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress):
+    """``(chosen units, steps)`` of greedy selection over the ``pool`` best single units by NLL."""
+    candidates = select_units(units, scores["nll"], pool)
+    ref = scores["nll_base"]
+    first = {u: ref - scores["nll"][units.index(u)] for u in candidates}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=greedy_runs(pool, k) * len(prompts), desc="greedy", unit="prompt")
+    try:
+        return greedy_select(
+            candidates, k, lambda kept: _mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar),
+            first=first,
+        )  # fmt: skip
+    finally:
+        use_method(model, "full")
+        if bar is not None:
+            bar.close()
 
 
 _LABELS = {

@@ -20,7 +20,7 @@ from .summary import (
     method_order,
     plain_mean,
 )
-from .tasks import BABILONG_TASKS, FAMILY_TITLES, HEADLINE_FAMILIES
+from .tasks import BABILONG_TASKS, FAMILY_TITLES, HEADLINE_FAMILIES, NIAH_TASKS
 
 __all__ = ["markdown_report", "headline_sections", "length_label"]
 
@@ -450,7 +450,22 @@ def markdown_report(
     if s["ppl"]:
         lines += ["## Perplexity", "", _ppl_table(s["ppl"]), ""]
         lines += [f"![{t}]({f})" for t, f in plots if f.startswith("ppl")] + [""]
-    for family in ("niah_single_1", "niah_single_2", "niah_single_3"):
+    lines += _task_sections(s, plots)
+    lines += list(extra_sections)
+    lines += _paper_section()
+    devs = cfg.get("deviations") or []
+    if devs:
+        lines += ["## Deviations from the reference protocols", ""] + [f"- {d}" for d in devs] + [""]
+    versions = cfg.get("versions") or {}
+    if versions:
+        lines += ["Produced with " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", ""]
+    return "\n".join(lines)
+
+
+def _task_sections(s: dict, plots: list[tuple[str, str]]) -> list[str]:
+    """A section per S-NIAH task and one for BABILong (its tasks folded out beneath)."""
+    lines: list[str] = []
+    for family in NIAH_TASKS:
         if family in s["accuracy"]:
             lines += [f"## {FAMILY_TITLES[family]}", "", _accuracy_table(s, family), ""]
             lines += _recovery_lines(s, family)
@@ -473,7 +488,12 @@ def markdown_report(
                 "</details>",
                 "",
             ]
-    lines += list(extra_sections)
+    return lines
+
+
+def _paper_section() -> list[str]:
+    """The paper's numbers beside ours, for orientation."""
+    lines: list[str] = []
     lines += ["## For orientation: the paper's numbers (Llama-3.1-8B, window 256)", ""]
     for fam, rows in PAPER_REFERENCE.items():
         name = FAMILY_TITLES.get(fam, fam)
@@ -488,10 +508,4 @@ def markdown_report(
             f"| {m} | " + " | ".join(_fmt(float(v[L])) for L in lengths) + " |" for m, v in rows.items()
         ]
         lines.append("")
-    devs = cfg.get("deviations") or []
-    if devs:
-        lines += ["## Deviations from the reference protocols", ""] + [f"- {d}" for d in devs] + [""]
-    versions = cfg.get("versions") or {}
-    if versions:
-        lines += ["Produced with " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", ""]
-    return "\n".join(lines)
+    return lines

@@ -18,7 +18,8 @@ from sinkwindow.linear.lora import add_lora, lora_parameters
 from sinkwindow.train.cli import parse_tokens
 from sinkwindow.train.data import IGNORE, encode_row, load_training_data, pack
 from sinkwindow.train.finetune import lm_step
-from sinkwindow.train.trainer import StageConfig, TrainConfig, run_stage, train_baseline
+from sinkwindow.train.stage import StageConfig, run_stage
+from sinkwindow.train.trainer import TrainConfig, train_baseline
 from sinkwindow.train.transfer import (
     collect_records,
     linear_share,

@@ -6,7 +6,7 @@
 
 ``data`` packs training text into chunks; ``transfer`` is stage 1 (feature maps and window factors
 mimic softmax attention), ``finetune`` stage 2's next-token loss on the LoRA adapters
-(``sinkwindow.linear.lora``); ``trainer`` is the resumable loop both share; ``curves`` plots the
+(``sinkwindow.linear.lora``); ``stage`` is the resumable loop both share, ``trainer`` the recipes and ``train_baseline``; ``curves`` plots the
 logs; ``cli`` adds ``sinkwindow train``. What training produces is loaded by ``sinkwindow.linear``,
 which never imports this package.
 """

@@ -18,8 +18,10 @@ from sinkwindow.bench import BenchConfig, MethodUnavailable, SyntheticConfig, bu
 from sinkwindow.bench.cli import config_from_args
 from sinkwindow.bench.decode import random_ids
 from sinkwindow.bench.peers import is_peer, method_name, parse_peer, peer_window
-from sinkwindow.bench.report import check_targets, markdown_report, validate_row
+from sinkwindow.bench.report import markdown_report
+from sinkwindow.bench.rows import validate_row
 from sinkwindow.bench.suite import run_bench
+from sinkwindow.bench.targets import check_targets
 from sinkwindow.cache import cache_nbytes
 
 

@@ -286,7 +286,8 @@ def _check_models_and_device(args: argparse.Namespace) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .report import load_rows, write_report
+    from .report import write_report
+    from .rows import load_rows
     from .suite import run_bench
 
     if args.report_only:

@@ -59,8 +59,9 @@ from .memory import current_rss
 from .methods import FullRunner, MethodRunner, MethodUnavailable, runner_for
 from .peers import is_peer, method_name, peer_kind, peer_window
 from .prefill import measure_prefill, measure_prefill_interleaved, warm_up_prefill
-from .report import fmt_bytes, validate_row
+from .report import fmt_bytes
 from .roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
+from .rows import validate_row
 from .synthetic import SYNTHETIC_NAME, SyntheticConfig, build_synthetic
 
 __all__ = [

@@ -36,422 +36,38 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..memory import kv_geometry
 from ..method import use_method
-from ..patch import make_cache
-from ..prefill import prefill
-from ..spec import MethodSpec, parse_spec
+from ..spec import MethodSpec
+from .mass import LAST_QUERIES, mass_scores
+from .nll import greedy_runs, greedy_select, mean_nll, nll_scores
+from .prompts import CAL_SEED, CalibrationPrompt, calibration_prompts, check_calibration_seed
+from .units import Unit, check_base_spec, model_units, parse_unit, spec_with_units, unit_label
 
 __all__ = [
-    "CAL_SEED",
-    "EVAL_SEEDS",
     "CRITERIA",
-    "UNIT_KINDS",
-    "LAST_QUERIES",
-    "Unit",
-    "CalibrationPrompt",
     "CalibrationResult",
-    "answer_nll",
     "calibrate",
-    "calibration_prompts",
-    "check_base_spec",
-    "check_calibration_seed",
-    "greedy_select",
-    "mass_scores",
-    "model_units",
-    "nll_scores",
-    "parse_unit",
     "plot_scores",
     "rank_scores",
     "score_units",
     "select_units",
     "SELECTIONS",
-    "spec_with_units",
-    "unit_label",
     "write_calibration",
 ]
 
 logger = logging.getLogger(__name__)
 
-# Seed of the calibration prompts. sinkwindow eval and compare default to 42 and people vary it
-# by small amounts; this sits far outside EVAL_SEEDS, so no calibration prompt is an eval prompt.
-CAL_SEED = 7_000_000
-# Seeds reserved for evaluation: calibration and held-out seeds must stay outside them.
-EVAL_SEEDS = range(0, 1_000_000)
 CRITERIA = ("nll", "mass", "rank", "gates")
 # Adam steps of the trained gates (criterion "gates", tuning/gates.py): one calibration prompt each.
 GATE_STEPS = 60
 SELECTIONS = ("top", "greedy")
-UNIT_KINDS = ("layer", "head")
-# The last queries of an S-NIAH prompt are the question, the answer prefix and the answer itself:
-# the positions that must reach back to the needle. Earlier queries read the haystack, which is
-# mostly local text, and would drown the retrieval signal in their number.
-LAST_QUERIES = 64
-MASS_ATTENTION = "sinkwindow_mass"
-
-Unit = int | tuple[int, int]
-
-
-def unit_label(unit: Unit) -> str:
-    """``11`` -> ``"11"``, ``(11, 2)`` -> ``"11.2"`` (the spec grammar's spelling)."""
-    return str(unit) if isinstance(unit, int) else f"{unit[0]}.{unit[1]}"
-
-
-def parse_unit(text: str) -> Unit:
-    """``"11"`` -> ``11``, ``"11.2"`` -> ``(11, 2)``."""
-    layer, dot, head = str(text).partition(".")
-    return (int(layer), int(head)) if dot else int(layer)
-
-
-def model_units(config, by: str = "layer") -> list[Unit]:
-    """Every unit of a model: its layers ``[0, 1, ...]`` or its KV heads ``[(0, 0), (0, 1), ...]``."""
-    if by not in UNIT_KINDS:
-        raise ValueError(f"units are {' or '.join(UNIT_KINDS)}, got {by!r}")
-    layers, _, kv_heads, _ = kv_geometry(config)
-    if by == "layer":
-        return list(range(layers))
-    return [(layer, h) for layer in range(layers) for h in range(kv_heads)]
-
-
-def spec_with_units(base: MethodSpec | str, units: Sequence[Unit], kv_heads: int | None = None) -> MethodSpec:
-    """``base`` with ``units`` kept full; a layer whose every KV head is named becomes a full layer.
-
-    Args:
-        kv_heads: KV heads per layer (needed only to merge complete layers; ``None``: never merge).
-    """
-    base = parse_spec(base).base
-    layers = sorted(u for u in units if isinstance(u, int))
-    heads = sorted(tuple(u) for u in units if not isinstance(u, int))
-    if kv_heads:
-        by_layer: dict[int, set[int]] = {}
-        for layer, h in heads:
-            by_layer.setdefault(layer, set()).add(h)
-        whole = {layer for layer, hs in by_layer.items() if len(hs) >= kv_heads}
-        layers = sorted(set(layers) | whole)
-        heads = [(layer, h) for layer, h in heads if layer not in whole]
-    return base.with_full(layers=layers, heads=heads)
-
-
-def check_base_spec(method: MethodSpec | str) -> MethodSpec:
-    """The plain ``swa:W:S`` a hybrid is built on; anything else raises ValueError naming the fix."""
-    spec = parse_spec(method)
-    if spec.kind != "swa" or spec.positions != "absolute":
-        raise ValueError(
-            f"hybrids keep some units full on top of swa:W:S (absolute positions), not {spec}: "
-            f"give e.g. --method swa:256:4"
-        )
-    if spec.is_hybrid:
-        raise ValueError(
-            f"{spec} already names full units: give the plain {spec.base} and let calibration choose them"
-        )
-    return spec
-
-
-def check_calibration_seed(seed: int, what: str = "seed") -> int:
-    """Refuse a seed that evaluation uses (``EVAL_SEEDS``): calibration must never see eval prompts."""
-    if seed in EVAL_SEEDS:
-        raise ValueError(
-            f"{what} {seed} is in the range evaluation uses ({EVAL_SEEDS.start}..{EVAL_SEEDS.stop - 1}; "
-            f"sinkwindow eval defaults to 42): calibrating on it would tune on the test set; use a seed "
-            f">= {EVAL_SEEDS.stop}, e.g. the default {CAL_SEED}"
-        )
-    return seed
-
-
-@dataclass
-class CalibrationPrompt:
-    """One S-NIAH prompt with its gold answer, for teacher forcing.
-
-    Attributes:
-        input_ids: ``[1, n]`` the prompt through the answer prefix, encoded as the eval runner does.
-        answer_ids: ``[1, a]`` the needle's value (with its leading space), which follows it.
-    """
-
-    task: str
-    index: int
-    input_ids: torch.Tensor
-    answer_ids: torch.Tensor
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.input_ids.shape[1] + self.answer_ids.shape[1])
-
-
-def calibration_prompts(
-    tokenizer, samples: int = 4, length: int = 2048, seed: int = CAL_SEED, tasks: Sequence[str] | None = None
-) -> list[CalibrationPrompt]:
-    """``samples`` S-NIAH prompts of ``length`` tokens (answer budget included), tasks taken in turn.
-
-    Prompt i is sample ``i // len(tasks)`` of task ``tasks[i % len(tasks)]``, each task's samples
-    drawn with ``generate_niah(task, tokenizer, length, count, seed=seed)``.
-    """
-    from ..eval.decoding import encode_prompt
-    from ..eval.niah import generate_niah
-    from ..eval.tasks import NIAH_TASKS
-
-    tasks = tuple(tasks or NIAH_TASKS)
-    if samples < 1:
-        raise ValueError(f"give at least one calibration sample, got {samples}")
-    counts = {t: len(range(i, samples, len(tasks))) for i, t in enumerate(tasks)}
-    drawn = {t: generate_niah(t, tokenizer, length, c, seed=seed) for t, c in counts.items() if c}
-    out = []
-    for i in range(samples):
-        task = tasks[i % len(tasks)]
-        s = drawn[task][i // len(tasks)]
-        answer = tokenizer(" " + s.outputs[0], add_special_tokens=False, return_tensors="pt").input_ids
-        out.append(
-            CalibrationPrompt(task, s.index, encode_prompt(tokenizer, s.text, chat_wrapped=False), answer)
-        )
-    return out
-
-
-@torch.no_grad()
-def answer_nll(model, prompt: CalibrationPrompt, chunk_size: int = 512) -> float:
-    """Mean NLL (nats) of the gold answer tokens after the prompt, under the model's active method.
-
-    The prompt goes through chunked prefill keeping only the last position's logits (the lm head
-    over every prompt position would cost a fifth of the run), then the answer is teacher-forced
-    through the same cache.
-    """
-    answer = prompt.answer_ids
-    last, cache = prefill(
-        model, prompt.input_ids, chunk_size=chunk_size, cache=make_cache(model), return_logits="last"
-    )
-    logits = [last[:, None]]
-    if answer.shape[1] > 1:
-        rest, _ = prefill(model, answer[:, :-1], chunk_size=chunk_size, cache=cache, return_logits="all")
-        logits.append(rest)
-    lp = F.log_softmax(torch.cat(logits, dim=1)[0].float(), dim=-1)  # [a, vocab]
-    return float(-lp.gather(-1, answer[0].to(lp.device)[:, None]).mean())
-
-
-def _mean_nll(model, spec: MethodSpec, prompts: Sequence[CalibrationPrompt], chunk_size: int, bar) -> float:
-    use_method(model, spec)
-    total = 0.0
-    for p in prompts:
-        total += answer_nll(model, p, chunk_size)
-        if bar is not None:
-            bar.update(1)
-    return total / len(prompts)
-
-
-def nll_scores(
-    model,
-    base: MethodSpec | str,
-    prompts: Sequence[CalibrationPrompt],
-    units: Sequence[Unit],
-    *,
-    chunk_size: int = 512,
-    bar=None,
-) -> tuple[float, list[float]]:
-    """NLL gain of each unit kept full alone: ``nll(base) - nll(base+full:unit)``.
-
-    Leaves the model in full attention.
-
-    Returns:
-        ``(nll of base, [gain per unit])``, nats per answer token, averaged over prompts.
-    """
-    base = check_base_spec(base)
-    try:
-        ref = _mean_nll(model, base, prompts, chunk_size, bar)
-        gains = [ref - _mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar) for u in units]
-    finally:
-        use_method(model, "full")
-    return ref, gains
-
-
-def greedy_select(
-    candidates: Sequence[Unit],
-    k: int,
-    nll_of: Callable[[list[Unit]], float],
-    *,
-    first: dict[Unit, float] | None = None,
-) -> tuple[list[Unit], list[dict]]:
-    """Forward selection: keep adding the candidate whose addition gives the lowest NLL.
-
-    Args:
-        candidates: the units that may be kept, in the order that breaks ties (best single first).
-        k: units to keep, at most ``len(candidates)``.
-        nll_of: mean NLL with a list of units kept full (on top of the base).
-        first: NLL of each candidate kept alone, when already known (step 1 then costs nothing).
-
-    Returns:
-        ``(chosen, steps)``: the units in the order they were added, and per step
-        ``{"added": label, "nll": NLL with the units so far, "tried": {label: NLL}}``.
-    """
-    if not 0 <= k <= len(candidates):
-        raise ValueError(f"K={k} units asked from a pool of {len(candidates)}: give a --pool of at least K")
-    chosen: list[Unit] = []
-    steps: list[dict] = []
-    for step in range(k):
-        rest = [u for u in candidates if u not in chosen]
-        if step == 0 and first is not None:
-            tried = {u: float(first[u]) for u in rest}
-        else:
-            tried = {u: float(nll_of([*chosen, u])) for u in rest}
-        best = min(rest, key=lambda u: (tried[u], rest.index(u)))  # ties: the earlier candidate
-        chosen.append(best)
-        steps.append(
-            {
-                "added": unit_label(best),
-                "nll": tried[best],
-                "tried": {unit_label(u): v for u, v in tried.items()},
-            }
-        )
-    return chosen, steps
-
-
-def greedy_runs(pool: int, k: int) -> int:
-    """Prompt passes greedy selection adds to the single-unit scores (step 1 reuses them)."""
-    return sum(pool - i for i in range(1, k))
-
-
-class _MassCapture:
-    """Out-of-window attention mass per (window, layer, KV head), summed over the counted queries."""
-
-    def __init__(self, layers: int, kv_heads: int, windows: Sequence[tuple[int, int]], inner):
-        self.windows = list(windows)
-        self.sums = torch.zeros(len(self.windows), layers, kv_heads, dtype=torch.float64)
-        self.queries = torch.zeros(layers, dtype=torch.long)
-        self.first = 0  # position of the first query that counts, set per prompt
-        self.seen = torch.zeros(layers, dtype=torch.long)  # tokens each layer has attended, this prompt
-        self.inner = inner
-
-    def start_prompt(self, first: int) -> None:
-        """A new prompt: queries from absolute position ``first`` on count, and no token is seen yet."""
-        self.first = first
-        self.seen.zero_()
-
-    def record(self, module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
-        """Add the mass of the counted queries of one attention call.
-
-        ``query`` ``[1, H, q, D]`` and ``key`` ``[1, Hkv, n, D]`` (RoPE applied). On a plain layer
-        the key holds the whole prefix; on a native sliding layer (Gemma 3's local layers, through
-        transformers' sliding cache) only its last ``n`` positions, so key index j sits at absolute
-        position ``end - n + j``, ``end`` being the tokens this layer has seen, and a query attends
-        only to keys less than the layer's ``sliding_window`` behind it, as the model does.
-        """
-        if query.shape[0] != 1:
-            raise ValueError("attention mass is measured one prompt at a time")
-        layer = module.layer_idx
-        heads, q_len = query.shape[1], query.shape[2]
-        kv_heads, n = key.shape[1], key.shape[2]
-        end = int(self.seen[layer]) + q_len
-        self.seen[layer] = end
-        offset = end - n  # absolute position of key index 0
-        pos = torch.arange(end - q_len, end, device=query.device)  # absolute query positions
-        sel = pos >= self.first
-        if not bool(sel.any()):
-            return
-        pos = pos[sel]
-        m = int(pos.numel())
-        q = query[0][:, sel].float()  # [H, m, D]
-        k = key[0].float().repeat_interleave(heads // kv_heads, dim=0)  # [H, n, D]: q head h -> kv h // G
-        scores = q @ k.transpose(-1, -2) * (kwargs.get("scaling") or q.shape[-1] ** -0.5)
-        softcap = kwargs.get("softcap")
-        if softcap:
-            scores = torch.tanh(scores / softcap) * softcap
-        key_pos = torch.arange(n, device=q.device) + offset
-        visible = key_pos[None] <= pos[:, None]  # [m, n]
-        native = kwargs.get("sliding_window")
-        if native:
-            visible &= key_pos[None] > pos[:, None] - native
-        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-        weights = weights.view(kv_heads, heads // kv_heads, m, n).mean(1)  # [Hkv, m, n]
-        cum = weights.double().cumsum(-1)
-        for w_idx, (window, sinks) in enumerate(self.windows):
-            # SWA(W, S) drops absolute positions S .. pos - (W - S) (inclusive): past the sinks,
-            # before the recent; as key indices lo .. hi.
-            hi = pos - (window - sinks) - offset
-            lo = max(0, sinks - offset)
-            idx = hi.clamp(min=0)[None, :, None].expand(kv_heads, m, 1)
-            mass = cum.gather(-1, idx)[..., 0]
-            if lo > 0:
-                mass = mass - cum[..., lo - 1]
-            mass = torch.where((hi >= lo)[None], mass, torch.zeros_like(mass))
-            self.sums[w_idx, layer] += mass.sum(-1).cpu()
-        self.queries[layer] += m
-
-
-_ACTIVE: _MassCapture | None = None
-
-
-def _mass_attention(module, query, key, value, attention_mask, **kwargs):
-    """Attention registered as ``sinkwindow_mass``: the model's own attention, mass recorded on the side."""
-    capture = _ACTIVE
-    if capture is None:
-        raise RuntimeError("sinkwindow_mass attention runs only inside mass_scores")
-    with torch.no_grad():
-        capture.record(module, query, key, kwargs)
-    return capture.inner(module, query, key, value, attention_mask, **kwargs)
-
-
-def _eager_for(module):
-    # The family's own eager attention (softcapping, scaling); transformers' plain one otherwise.
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if fn is None:
-        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
-    return fn
-
-
-@torch.no_grad()
-def mass_scores(
-    model,
-    prompts: Sequence[CalibrationPrompt],
-    windows: Sequence[tuple[int, int]],
-    *,
-    last_queries: int = LAST_QUERIES,
-    chunk_size: int = 512,
-    bar=None,
-) -> dict[tuple[int, int], torch.Tensor]:
-    """Out-of-window attention mass under full attention, for every ``(W, S)`` in ``windows`` at once.
-
-    The prompts (with their answers but the last token, so the answer's queries count) run once in
-    full attention through an attention function of our own (``sinkwindow_mass``, registered with
-    transformers' ``AttentionInterface``) that computes the softmax of the last ``last_queries``
-    queries itself and otherwise calls the model's own attention, so the forward is unchanged.
-    A layer with a native sliding window (Gemma 3's local layers, Mistral) is measured as the model
-    runs it: its queries see only keys inside that window, so mass beyond it is already zero.
-    Leaves the model in full attention, on its original attention implementation.
-
-    Returns:
-        ``{(W, S): [layers, kv_heads]}`` float64 mass in [0, 1], averaged over counted queries and
-        prompts (and over the query heads of each KV head).
-    """
-    global _ACTIVE
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-
-    use_method(model, "full")
-    layers, _, kv_heads, _ = kv_geometry(model.config)
-    previous = model.config._attn_implementation
-    eager = previous == "eager"
-    inner = (lambda m, *a, **k: _eager_for(m)(m, *a, **k)) if eager else sdpa_attention_forward
-    AttentionInterface.register(MASS_ATTENTION, _mass_attention)
-    AttentionMaskInterface.register(MASS_ATTENTION, eager_mask if eager else sdpa_mask)
-    capture = _MassCapture(layers, kv_heads, windows, inner)
-    _ACTIVE = capture
-    model.set_attn_implementation(MASS_ATTENTION)
-    try:
-        for p in prompts:
-            ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
-            capture.start_prompt(max(0, ids.shape[1] - last_queries))
-            prefill(model, ids, chunk_size=chunk_size, return_logits="last")
-            if bar is not None:
-                bar.update(1)
-    finally:
-        _ACTIVE = None
-        model.set_attn_implementation(previous)
-    counts = capture.queries.clamp(min=1).double()[None, :, None]
-    return {ws: capture.sums[i] / counts[0] for i, ws in enumerate(capture.windows)}
 
 
 def _order(scores: Sequence[float], higher_is_better: bool = True) -> list[int]:
@@ -779,7 +395,7 @@ def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress):
         bar = tqdm(total=greedy_runs(pool, k) * len(prompts), desc="greedy", unit="prompt")
     try:
         return greedy_select(
-            candidates, k, lambda kept: _mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar),
+            candidates, k, lambda kept: mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar),
             first=first,
         )  # fmt: skip
     finally:
@@ -857,7 +473,6 @@ def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
 def provenance() -> dict:
     """What produced a calibrate/tune output: the command line and the library versions."""
     import shlex
-    import sys
 
     from ..runs.provenance import library_versions
 

@@ -15,7 +15,7 @@ __all__ = ["register", "CALIBRATE_MIN_LENGTH"]
 # S-NIAH prompts reserve a 128-token answer budget plus RULER's template (see eval/cli.py), so no
 # calibration prompt fits below this.
 CALIBRATE_MIN_LENGTH = 256
-# Equal to calibrate.CAL_SEED / tune.HELDOUT_SEED (a test keeps them so): importing those modules
+# Equal to prompts.CAL_SEED / tune.HELDOUT_SEED (a test keeps them so): importing those modules
 # here would pull torch into every --help.
 CAL_SEED = 7_000_000
 HELDOUT_SEED = 8_000_000
@@ -90,7 +90,8 @@ def _load(args):
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import calibrate, check_calibration_seed, write_calibration
+    from .calibrate import calibrate, write_calibration
+    from .prompts import check_calibration_seed
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
     by, k = ("layer", args.full_layers) if args.full_layers is not None else ("head", args.full_heads)

@@ -13,7 +13,7 @@ transformers' own SDPA function, and each query head's output is ``α·full + (1
 cost is two attentions per layer on prompts of a few thousand tokens: calibration, not serving.
 
 :func:`train_gates` returns α per ``(layer, kv_head)``; ``calibrate --criterion gates`` ranks heads by
-it. Calibration prompts come from ``calibrate.calibration_prompts`` (a seed no evaluation uses).
+it. Calibration prompts come from ``prompts.calibration_prompts`` (a seed no evaluation uses).
 """
 
 from __future__ import annotations

@@ -41,20 +41,10 @@ import torch
 from ..memory import analytic_state_bytes, kv_geometry
 from ..method import use_method
 from ..spec import MethodSpec, parse_spec
-from .calibrate import (
-    CAL_SEED,
-    CRITERIA,
-    EVAL_SEEDS,
-    LAST_QUERIES,
-    calibration_prompts,
-    check_calibration_seed,
-    model_units,
-    provenance,
-    score_units,
-    select_units,
-    spec_with_units,
-    unit_label,
-)
+from .calibrate import CRITERIA, provenance, score_units, select_units
+from .mass import LAST_QUERIES
+from .prompts import CAL_SEED, EVAL_SEEDS, calibration_prompts, check_calibration_seed
+from .units import model_units, spec_with_units, unit_label
 
 __all__ = [
     "HELDOUT_SEED",

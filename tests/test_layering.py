@@ -19,7 +19,7 @@ CORE = {
     "notices", "resolve", "linear",
 }  # fmt: skip
 # What sits above it: evaluation, benchmarks, tuning, training, and every command-line module.
-ABOVE = {"eval", "bench", "tuning", "train", "runs", "serve", "cli", "cli_args", "check"}
+ABOVE = {"eval", "bench", "tuning", "train", "runs", "serve", "cli", "cli_args", "cli_errors", "check"}
 
 
 def _module_name(path: Path) -> str:

@@ -7,6 +7,11 @@ from sinkwindow.notices import NOTICES, show_notices
 
 
 def test_notices_are_silent_until_shown_then_printed_once_as_plain_lines(capsys):
+    # As in a program that never ran a command (an earlier test's CLI run showed them).
+    for handler in list(NOTICES.handlers):
+        NOTICES.removeHandler(handler)
+    NOTICES.propagate = True
+    NOTICES.setLevel(logging.NOTSET)
     NOTICES.info("before")  # a program that configured nothing sees nothing on stderr
     assert "before" not in capsys.readouterr().err
     show_notices()

@@ -10,7 +10,7 @@ import sinkwindow
 
 PACKAGE = Path(sinkwindow.__file__).parent
 REPO = PACKAGE.parents[1]
-CLI_MODULES = ("cli.py", "cli_args.py", "__main__.py")  # the CLI's own modules print
+CLI_MODULES = ("cli.py", "cli_args.py", "cli_errors.py", "__main__.py")  # the CLI's own modules print
 BANNER = re.compile(r"^\s*# ?[-=#*~]{10,}")
 
 

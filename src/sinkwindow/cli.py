@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from . import cli_args, resolve
+from . import cli_args, cli_errors, resolve
 
 __all__ = ["main", "build_parser"]
 
@@ -272,8 +272,8 @@ def _run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``sinkwindow ARGS``: the exit code. User errors print one line (``--debug``: the traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return cli_args.run_reporting_errors(
-        lambda: _run(argv), prog="sinkwindow", debug=cli_args.wants_debug(argv)
+    return cli_errors.run_reporting_errors(
+        lambda: _run(argv), prog="sinkwindow", debug=cli_errors.wants_debug(argv)
     )
 
 

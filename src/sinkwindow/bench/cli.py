@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .. import cli_args, resolve
+from .. import cli_args, cli_errors, resolve
 from .peers import PEER_HELP, is_peer, parse_peer
 
 __all__ = ["register", "build_parser", "main", "parse_contexts"]
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return _cmd_bench(args)
 
-    return cli_args.run_reporting_errors(run, prog="bench_efficiency", debug=cli_args.wants_debug(argv))
+    return cli_errors.run_reporting_errors(run, prog="bench_efficiency", debug=cli_errors.wants_debug(argv))
 
 
 if __name__ == "__main__":

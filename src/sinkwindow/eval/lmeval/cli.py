@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ... import cli_args, resolve
+from ... import cli_args, cli_errors, resolve
 from .constants import DEFAULT_MAX_BATCH_TOKENS, SHORT_TASKS
 from .runner import LmEvalConfig, run_lmeval
 from .table import recovery_table
@@ -40,10 +40,12 @@ def cli_evaluate(argv: Sequence[str] | None = None) -> int:
     give exit code 2; ``--debug`` (ours, not passed on) shows the traceback instead.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = cli_args.wants_debug(args)
+    debug = cli_errors.wants_debug(args)
     if debug:
         args.remove("--debug")
-    return cli_args.run_reporting_errors(lambda: _cli_evaluate(args), prog="sinkwindow-lm-eval", debug=debug)
+    return cli_errors.run_reporting_errors(
+        lambda: _cli_evaluate(args), prog="sinkwindow-lm-eval", debug=debug
+    )
 
 
 def _cli_evaluate(args: list[str]) -> int:

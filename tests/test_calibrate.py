@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import eval_pair
-from sinkwindow import apply, make_cache
+from sinkwindow import apply, make_cache, parse_spec
 from sinkwindow.eval.niah import generate_niah
 from sinkwindow.tuning import (
     CAL_SEED,
@@ -481,3 +481,35 @@ def test_smollm2_mass_calibration_gives_a_hybrid_that_runs(smollm2):
     finally:
         apply(model, "full")
     assert 0.0 <= nll < 20.0
+
+
+def test_sinks_are_searched_at_equal_bytes_and_the_lowest_answer_nll_kept(pair):
+    model, tok = pair
+    res = calibrate(model, tok, "swa:64:4", 1, by="head", criterion="mass", samples=2, length=LENGTH,
+                    sinks=[16, 0, 4], progress=False)  # fmt: skip
+    assert [t["sinks"] for t in res.sinks_tried] == [0, 4, 16]
+    best = min(res.sinks_tried, key=lambda t: t["nll"])
+    assert res.spec == best["spec"] and res.base == f"swa:64:{best['sinks']}"
+    # Every hybrid tried costs the same KV bytes: the sinks are among the W slots.
+    from sinkwindow.memory import analytic_state_bytes
+
+    costs = {analytic_state_bytes(parse_spec(t["spec"]), model.config, LENGTH) for t in res.sinks_tried}
+    assert len(costs) == 1
+    # Each recorded NLL is the answer's NLL under that hybrid, computed directly.
+    cal = calibration_prompts(tok, samples=2, length=LENGTH)
+    for t in res.sinks_tried:
+        apply(model, t["spec"])
+        assert t["nll"] == pytest.approx(sum(_direct_answer_nll(model, p) for p in cal) / len(cal), abs=1e-4)
+    apply(model, "full")
+    with pytest.raises(ValueError, match="--sinks 64 must be from 0 to W-1 = 63"):
+        calibrate(model, tok, "swa:64:4", 1, sinks=[64], length=LENGTH, progress=False)
+    # One sink count (or none) is the plain calibration: nothing tried beside it.
+    assert calibrate(model, tok, "swa:64:4", 1, by="head", criterion="mass", samples=2, length=LENGTH,
+                     progress=False).sinks_tried == []  # fmt: skip
+
+
+def test_calibrate_cli_takes_a_sinks_list():
+    from sinkwindow.cli import build_parser
+
+    args = build_parser().parse_args(["calibrate", "--full-heads", "2", "--sinks", "64,4,4"])
+    assert args.sinks == [4, 64] and build_parser().parse_args(["calibrate", "--full-heads", "2"]).sinks is None

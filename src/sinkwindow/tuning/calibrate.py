@@ -44,7 +44,7 @@ import torch
 
 from ..memory import kv_geometry
 from ..method import use_method
-from ..spec import MethodSpec
+from ..spec import MethodSpec, parse_spec
 from .mass import LAST_QUERIES, mass_scores
 from .nll import greedy_runs, greedy_select, mean_nll, nll_scores
 from .prompts import CAL_SEED, CalibrationPrompt, calibration_prompts, check_calibration_seed
@@ -216,6 +216,8 @@ class CalibrationResult:
     warnings: list[str] = field(default_factory=list)
     # The trained gates' loss per step (criterion "gates"): distillation and the mean α.
     gate_losses: list[dict] = field(default_factory=list)
+    # With several sink counts asked: each one's hybrid and its answer NLL (the lowest was kept).
+    sinks_tried: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -284,6 +286,7 @@ def calibrate(
     name: str | None = None,
     select: str = "top",
     pool: int | None = None,
+    sinks: Sequence[int] | None = None,
 ) -> CalibrationResult:
     """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
 
@@ -300,6 +303,10 @@ def calibrate(
         select: ``"top"`` keeps the K best single units; ``"greedy"`` (nll only) re-scores the
             ``pool`` best single units given the ones already kept (:func:`greedy_select`).
         pool: greedy's candidates (default: K + 6, at most every unit).
+        sinks: sink counts S to try for the streaming side instead of the method's own (DuoAttention's
+            streaming heads keep 64): each gives the base ``swa:W:S`` at the same KV bytes, since the
+            sinks are among the W slots. Units are chosen on each base, and the hybrid whose answer
+            NLL on the calibration prompts is lowest is kept (``sinks_tried`` records every one).
 
     Returns:
         A :class:`CalibrationResult`; the model is left in full attention.
@@ -309,21 +316,44 @@ def calibrate(
             inside the window (where full attention changes nothing).
     """
     base, units, pool = _check_calibration(model, method, k, by, criterion, seed, length, select, pool)
+    bases = _sink_bases(base, sinks)
     t0 = time.perf_counter()
     prompts = calibration_prompts(tokenizer, samples, length, seed)
     # The mass is one full-attention pass, so it is always reported beside the criterion that decides.
     criteria = [criterion] if criterion in ("mass", "rank") else [criterion, "mass"]
-    scores = score_units(
-        model, prompts, [base], units, criteria, chunk_size=chunk_size, last_queries=last_queries,
+    all_scores = score_units(
+        model, prompts, bases, units, criteria, chunk_size=chunk_size, last_queries=last_queries,
         progress=progress,
-    )[str(base)]  # fmt: skip
-    steps: list[dict] = []
-    if select == "greedy":
-        chosen, steps = _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress)
-    else:
-        chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
+    )  # fmt: skip
     kv_heads = kv_geometry(model.config)[2]
-    spec = spec_with_units(base, chosen, kv_heads)
+    tried: list[dict] = []
+    for b in bases:
+        scores = all_scores[str(b)]
+        steps: list[dict] = []
+        if select == "greedy":
+            chosen, steps = _greedy(model, b, units, scores, prompts, k, pool, chunk_size, progress)
+        else:
+            chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
+        spec = spec_with_units(b, chosen, kv_heads)
+        tried.append(
+            {"sinks": b.sinks, "base": b, "spec": spec, "chosen": chosen, "scores": scores, "steps": steps}
+        )
+    if len(tried) > 1:
+        try:
+            for t in tried:
+                t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None)
+        finally:
+            use_method(model, "full")
+        best = min(tried, key=lambda t: t["nll"])  # ties: the earlier (fewer) sinks
+    else:
+        best = tried[0]
+    base, chosen, spec, scores, steps = (
+        best["base"],
+        best["chosen"],
+        best["spec"],
+        best["scores"],
+        best["steps"],
+    )
     warnings = native_local_warnings(model.config, chosen, length)
     for w in warnings:
         logger.warning(w)
@@ -350,7 +380,24 @@ def calibrate(
         steps=steps,
         warnings=warnings,
         gate_losses=scores.get("gate_losses", []),
+        sinks_tried=[{"sinks": t["sinks"], "spec": str(t["spec"]), "nll": t.get("nll")} for t in tried]
+        if len(tried) > 1
+        else [],
     )
+
+
+def _sink_bases(base: MethodSpec, sinks: Sequence[int] | None) -> list[MethodSpec]:
+    """``swa:W:S`` for each S of ``sinks`` (once each, in increasing order), or ``[base]``."""
+    if not sinks:
+        return [base]
+    out = []
+    for s in sorted(set(sinks)):
+        if not 0 <= s < base.window:
+            raise ValueError(
+                f"--sinks {s} must be from 0 to W-1 = {base.window - 1} (the sinks are among the W slots)"
+            )
+        out.append(parse_spec(f"swa:{base.window}:{s}"))
+    return out
 
 
 def _check_calibration(model, method, k, by, criterion, seed, length, select, pool):

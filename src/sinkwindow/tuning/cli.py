@@ -101,12 +101,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         result = calibrate(
             model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
             seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
-            progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool,
+            progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool, sinks=args.sinks,
         )  # fmt: skip
         paths = write_calibration(result, args.out)
     print(result.table())
     for c in result.scores:
         print(f"top {result.k} by {c}: {','.join(result.top(c))}")
+    for t in result.sinks_tried:
+        print(
+            f"sinks {t['sinks']}: {t['spec']} answer NLL {t['nll']:.4f}"
+            + (" (kept)" if t["spec"] == result.spec else "")
+        )
     for i, step in enumerate(result.steps, start=1):
         print(f"greedy step {i}: +{step['added']}  answer NLL {step['nll']:.4f} (base {result.nll_base:.4f})")
     print(f"spec: {result.spec}  ({result.seconds:.1f}s; {paths['json']})")
@@ -241,6 +246,10 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
         default="2k",
         help=f"prompt token budget, answer included, >= {CALIBRATE_MIN_LENGTH}; {cli_args.SIZE_HELP} (default: %(default)s)",
     )
+    p.add_argument("--sinks", type=sinks_list, default=None, metavar="S,S",
+                   help="sink counts to try for the streaming side at the same KV bytes, e.g. 4,64 (DuoAttention "
+                   "keeps 64): units are chosen on each swa:W:S and the hybrid with the lowest answer NLL is kept "
+                   "(default: the method's own)")  # fmt: skip
     p.add_argument("--last-queries", type=cli_args.integer(1, what="--last-queries"), default=64,
                    help="query positions at the prompt's end the mass averages over (default: %(default)s)")  # fmt: skip
     _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")

@@ -29,6 +29,7 @@ __all__ = lazy_package(
             "rank_scores",
             "select_units",
         ],
+        ".frontier": ["FrontierConfig", "FrontierPoint", "frontier"],
         ".mass": ["mass_scores"],
         ".nll": ["answer_nll", "greedy_select", "nll_scores"],
         ".prompts": [

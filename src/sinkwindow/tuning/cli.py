@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from .. import cli_args, resolve
 from ..eval.tasks import ALL_TASKS, GROUPS
@@ -194,6 +195,95 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fractions(text: str) -> list[float]:
+    """``--budgets``: fractions of full attention's KV bytes in (0, 1], e.g. 0.125,0.25,0.5."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a fraction: give e.g. 0.125,0.25,0.5"
+            ) from None
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(
+                f"{part} is outside (0, 1]: a budget is a fraction of full attention's KV"
+            )
+        out.append(value)
+    return sorted(set(out))
+
+
+def _selections(text: str) -> list[str]:
+    from .frontier import SELECTIONS
+
+    parts = [p.strip() for p in str(text).split(",")]
+    unknown = [p for p in parts if p not in SELECTIONS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(
+            f"unknown selection(s) {', '.join(unknown)}: choose from {', '.join(SELECTIONS)}"
+        )
+    return list(dict.fromkeys(parts))
+
+
+def _cmd_frontier(args: argparse.Namespace) -> int:
+    from .frontier import SELECTIONS, FrontierConfig, frontier
+    from .prompts import check_calibration_seed
+
+    check_calibration_seed(args.seed, "--seed")  # before the model loads
+    config = FrontierConfig(
+        budgets=args.budgets, selections=args.selections or SELECTIONS, sinks=args.sinks, stream_window=args.stream_window,
+        samples=args.samples, calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
+        chunk_size=args.chunk_size,
+    )  # fmt: skip
+    with RunLock(check_run_dir(args.out)):
+        model, tok = _load(args)
+        t0 = time.perf_counter()
+        points = frontier(
+            model, tok, args.context, config, args.out, name=args.model, progress=not args.no_progress
+        )
+    print((Path(args.out) / "frontier.md").read_text())
+    print(
+        json.dumps(
+            {"out": str(args.out), "points": len(points), "seconds": round(time.perf_counter() - t0, 1)}
+        )
+    )
+    return 0
+
+
+def _register_frontier(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "frontier",
+        help="KV budget vs S-NIAH recovery: plain SWA, full layers, full KV heads (NLL, gates), held out",
+        description="At each KV budget (a fraction of full attention's bytes at --context), chooses a spec "
+        "each way (plain SWA at the largest W that fits; whole layers, greedy by NLL; KV heads by NLL; KV heads "
+        "by trained gates; each with its best sink count) on calibration prompts, then runs every spec and full "
+        "attention on S-NIAH-1/2/3 at the context on the evaluation seed, and writes frontier.json, frontier.md "
+        "and frontier.png (recovery with 95% intervals, exact p against full, calibration CPU-minutes). "
+        "Resumable: calibrations and evaluated rows are kept in --out.",
+    )
+    cli_args.add_model(p)
+    p.add_argument("--context", type=cli_args.size(2, what="--context"), default="4k",
+                   help=f"tokens per S-NIAH sample and the context the budgets hold; {cli_args.SIZE_HELP} (default: %(default)s)")  # fmt: skip
+    p.add_argument("--budgets", type=_fractions, default=[0.125, 0.25, 0.5],
+                   help="KV budgets as fractions of full attention's bytes (default: 0.125,0.25,0.5)")  # fmt: skip
+    p.add_argument("--selections", type=_selections, default=None,
+                   help="swa, layers, heads-nll, heads-gates, comma-separated (default: all)")  # fmt: skip
+    p.add_argument("--sinks", type=sinks_list, default=[4, 64],
+                   help="sink counts each selection may use, the best by calibration NLL (default: 4,64)")  # fmt: skip
+    p.add_argument("--stream-window", type=cli_args.integer(2, what="--stream-window"), default=256,
+                   help="W of the hybrids' streaming side (default: %(default)s)")  # fmt: skip
+    p.add_argument("--samples", type=cli_args.integer(1, what="--samples"), default=30,
+                   help="held-out samples per S-NIAH task (default: %(default)s)")  # fmt: skip
+    p.add_argument("--calib-samples", type=cli_args.integer(1, what="--calib-samples"), default=4,
+                   help="calibration prompts (default: %(default)s)")  # fmt: skip
+    p.add_argument("--calib-length", type=cli_args.size(CALIBRATE_MIN_LENGTH, what="--calib-length"), default=None,
+                   help="their token budget (default: --context)")  # fmt: skip
+    _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")
+    cli_args.add_out(p, "runs/frontier", help="run folder (resumes if it exists)")
+    _add_runtime(p)
+    p.set_defaults(func=_cmd_frontier)
+
+
 def _add_runtime(p: argparse.ArgumentParser) -> None:
     cli_args.add_chunk_size(p, 512)
     cli_args.add_device(p)
@@ -203,9 +293,10 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """``calibrate`` and ``tune``."""
+    """``calibrate``, ``tune`` and ``frontier``."""
     _register_calibrate(sub)
     _register_tune(sub)
+    _register_frontier(sub)
 
 
 def _register_calibrate(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,318 @@
+"""One KV-budget frontier: at each budget (a fraction of full attention's KV bytes at the context),
+the best spec each way of choosing one reaches, measured held out against full attention.
+
+The ways (``SELECTIONS``), each at the budget and with its best sink count S among ``sinks``:
+
+- ``swa``: plain SWA(W, S) at the largest W that fits; S by the calibration answer NLL.
+- ``layers``: SWA(``stream_window``, S) with as many whole layers full as fit, chosen greedily by
+  the answer NLL (``calibrate --full-layers K --criterion nll --select greedy``).
+- ``heads-nll``: as many KV heads full as fit, the best single heads by NLL gain.
+- ``heads-gates``: as many KV heads full as fit, by DuoAttention's trained gates.
+
+The units are chosen on calibration prompts (a seed no evaluation uses, ``prompts.CAL_SEED``); every
+chosen spec and full attention then run S-NIAH-1/2/3 at the context on the evaluation seed through
+the eval runner (one resumable run folder, ``OUT/eval``), so recovery is paired over the same
+samples. Each point records its calibration cost in CPU-minutes (this process's CPU time).
+Calibrations are kept in ``OUT/calibration/`` and a rerun reuses them and the rows already there.
+
+    OUT/frontier.json   every point: budget, selection, spec, KV bytes, recovery [95%], n, p vs full
+    OUT/frontier.md     the table
+    OUT/frontier.png    KV bytes (fraction of full) against S-NIAH recovery, intervals, Pareto front
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..memory import analytic_state_bytes
+from ..method import use_method
+from ..spec import MethodSpec, parse_spec
+from .calibrate import calibrate
+from .nll import mean_nll
+from .prompts import CAL_SEED, calibration_prompts, check_calibration_seed
+from .units import model_units, spec_with_units
+
+__all__ = [
+    "SELECTIONS",
+    "FrontierConfig",
+    "FrontierPoint",
+    "frontier",
+    "largest_window",
+    "max_units",
+    "measure_points",
+    "write_frontier",
+]
+
+logger = logging.getLogger(__name__)
+
+SELECTIONS = ("swa", "layers", "heads-nll", "heads-gates")
+# How each selection calibrates: (units, criterion, select).
+_CALIBRATION = {
+    "layers": ("layer", "nll", "greedy"),
+    "heads-nll": ("head", "nll", "top"),
+    "heads-gates": ("head", "gates", "top"),
+}
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """The frontier :func:`frontier` draws (what ``sinkwindow frontier``'s flags set).
+
+    Attributes:
+        budgets: KV budgets as fractions of full attention's bytes at ``context``.
+        selections: the ways of choosing a spec (``SELECTIONS``).
+        sinks: sink counts each selection may use (the best by calibration answer NLL is kept).
+        stream_window: W of the streaming side of the hybrids (DuoAttention: 64 sinks + 256 recent).
+        samples: held-out samples per S-NIAH task (on the evaluation seed ``eval_seed``).
+        calib_samples / calib_length: calibration prompts and their length (default: the context).
+    """
+
+    budgets: Sequence[float] = (0.125, 0.25, 0.5)
+    selections: Sequence[str] = SELECTIONS
+    sinks: Sequence[int] = (4, 64)
+    stream_window: int = 256
+    samples: int = 30
+    calib_samples: int = 4
+    calib_length: int | None = None
+    seed: int = CAL_SEED
+    eval_seed: int = 42
+    chunk_size: int = 512
+
+
+@dataclass
+class FrontierPoint:
+    """One (budget, selection) point; ``recovery`` is the S-NIAH average ÷ full attention's, in %."""
+
+    budget: float
+    selection: str
+    spec: str
+    kv_bytes: int
+    kv_fraction: float
+    calib_cpu_minutes: float
+    accuracy: dict[str, float] = field(default_factory=dict)
+    recovery: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    n: int = 0
+    p_vs_full: float | None = None
+
+
+def largest_window(config, context: int, budget: int, sinks: int, dtype) -> int | None:
+    """The largest W whose ``swa:W:sinks`` cache fits ``budget`` bytes at ``context``, or ``None``."""
+    lo, hi = sinks + 1, context
+    if analytic_state_bytes(parse_spec(f"swa:{lo}:{sinks}"), config, context, dtype=dtype) > budget:
+        return None
+    while lo < hi:  # bytes grow with W: the largest that fits
+        mid = (lo + hi + 1) // 2
+        fits = analytic_state_bytes(parse_spec(f"swa:{mid}:{sinks}"), config, context, dtype=dtype) <= budget
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+    return lo
+
+
+def max_units(base: MethodSpec, config, by: str, context: int, budget: int, dtype) -> int:
+    """How many units (layers or KV heads) can be full on top of ``base`` within ``budget`` bytes.
+
+    Units of one kind cost the same on a model whose layers are all alike, so the first K stand for
+    any K; -1 when ``base`` alone does not fit.
+    """
+    units = model_units(config, by)
+    kv_heads = None  # never merge heads into layers here: a merged layer costs the same bytes
+    k = -1
+    for n in range(len(units) + 1):
+        if (
+            analytic_state_bytes(spec_with_units(base, units[:n], kv_heads), config, context, dtype=dtype)
+            > budget
+        ):
+            break
+        k = n
+    return k
+
+
+def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | Path, *, name: str,
+             progress: bool = True) -> list[FrontierPoint]:  # fmt: skip
+    """Draw the frontier into ``out`` (see the module docstring); returns its points.
+
+    Raises:
+        ValueError: an unknown selection, a budget outside (0, 1], or a calibration seed evaluation uses.
+    """
+    from ..eval.runner import EvalConfig, run_eval
+    from ..eval.tasks import NIAH_TASKS
+
+    cfg = config
+    unknown = [s for s in cfg.selections if s not in SELECTIONS]
+    if unknown:
+        raise ValueError(f"unknown selection(s) {unknown}: choose from {', '.join(SELECTIONS)}")
+    if not all(0 < b <= 1 for b in cfg.budgets):
+        raise ValueError(
+            f"budgets are fractions of full attention's KV bytes in (0, 1], got {list(cfg.budgets)}"
+        )
+    check_calibration_seed(cfg.seed)
+    out = Path(out)
+    (out / "calibration").mkdir(parents=True, exist_ok=True)
+    full_bytes = analytic_state_bytes(MethodSpec("full"), model.config, context, dtype=model.dtype)
+    prompts = calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
+    points = []
+    for budget in cfg.budgets:
+        for selection in cfg.selections:
+            point = _choose(
+                model, tokenizer, prompts, selection, budget, int(budget * full_bytes), context, cfg, out
+            )
+            if point is not None:
+                points.append(point)
+    use_method(model, "full")
+    specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
+    ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
+                    seed=cfg.eval_seed, chunk_size=cfg.chunk_size)  # fmt: skip
+    store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress)
+    measure_points(points, store.rows(), context, full_bytes)
+    write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
+    return points
+
+
+def _choose(model, tokenizer, prompts, selection: str, budget: float, budget_bytes: int, context: int,
+            cfg: FrontierConfig, out: Path) -> FrontierPoint | None:  # fmt: skip
+    """One point's spec, from its saved calibration when there is one; ``None`` when nothing fits."""
+    path = out / "calibration" / f"{selection}-{budget:g}.json"
+    if path.exists():
+        return FrontierPoint(**json.loads(path.read_text()))
+    t0 = time.process_time()
+    dtype = model.dtype
+    if selection == "swa":
+        specs = []
+        for s in cfg.sinks:
+            w = largest_window(model.config, context, budget_bytes, s, dtype)
+            if w is not None:
+                specs.append(parse_spec(f"swa:{w}:{s}"))
+        if not specs:
+            return None
+        try:
+            nll = {str(sp): mean_nll(model, sp, prompts, cfg.chunk_size, None) for sp in specs}
+        finally:
+            use_method(model, "full")
+        spec = min(specs, key=lambda sp: nll[str(sp)])
+    else:
+        by, criterion, select = _CALIBRATION[selection]
+        sinks = [s for s in cfg.sinks if s < cfg.stream_window]
+        if not sinks:
+            raise ValueError(
+                f"every sink count in {list(cfg.sinks)} fills the stream window {cfg.stream_window}"
+            )
+        base = parse_spec(f"swa:{cfg.stream_window}:{sinks[0]}")
+        k = max_units(base, model.config, by, context, budget_bytes, dtype)
+        if k < 1:
+            return None
+        res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=len(prompts),
+                        length=cfg.calib_length or context, seed=cfg.seed,
+                        chunk_size=cfg.chunk_size, progress=False, select=select, sinks=sinks)  # fmt: skip
+        spec = parse_spec(res.spec)
+    kv = analytic_state_bytes(spec, model.config, context, dtype=dtype)
+    assert kv <= budget_bytes, f"{spec} costs {kv} bytes, over the budget of {budget_bytes}"
+    point = FrontierPoint(budget, selection, str(spec), kv, 0.0, round((time.process_time() - t0) / 60, 2))
+    path.write_text(json.dumps(asdict(point), indent=2))
+    return point
+
+
+def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, full_bytes: int) -> None:
+    """Fill in each point's accuracy per task, recovery vs full (paired, stratified by task) and p."""
+    from ..eval.stats import paired_bootstrap_ratio, paired_sign_test
+    from ..eval.tasks import NIAH_TASKS
+
+    by = {}
+    for r in rows:
+        if r["length"] == context:
+            by.setdefault((r["method"], r["task"]), {})[r["index"]] = float(r["score"]) / 100.0
+    for p in points:
+        p.kv_fraction = round(p.kv_bytes / full_bytes, 4)
+        ca, cb = [], []
+        for task in NIAH_TASKS:
+            mine, full = by.get((p.spec, task), {}), by.get(("full", task), {})
+            common = sorted(set(mine) & set(full))
+            if common:
+                ca.append([mine[i] for i in common])
+                cb.append([full[i] for i in common])
+                p.accuracy[task] = 100.0 * sum(ca[-1]) / len(common)
+        if not ca:
+            continue
+        iv = paired_bootstrap_ratio(ca, cb)
+        p.n = iv.n
+        if not math.isnan(iv.estimate):  # full attention found nothing: no ratio to give
+            p.recovery, p.lo, p.hi = 100.0 * iv.estimate, 100.0 * iv.lo, 100.0 * iv.hi
+        p.p_vs_full = paired_sign_test(ca, cb).p
+
+
+def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int, model: str,
+                   config: FrontierConfig, full_bytes: int) -> dict[str, str]:  # fmt: skip
+    """``frontier.json``, ``frontier.md`` and ``frontier.png`` in ``out``; their paths."""
+    out = Path(out)
+    record = {"model": model, "context": context, "full_kv_bytes": full_bytes, "config": asdict(config),
+              "points": [asdict(p) for p in points]}  # fmt: skip
+    (out / "frontier.json").write_text(json.dumps(record, indent=2, default=list))
+    lines = [
+        f"# KV-budget frontier: {model} at {context} tokens",
+        "",
+        "S-NIAH-1/2/3 average recovery vs full attention (paired over the same samples, 95% bootstrap "
+        "interval), p of the exact paired sign test against full attention, calibration cost in CPU-minutes.",
+        "",
+        "| budget | selection | spec | KV (of full) | recovery % | n | p vs full | calibration CPU-min |",
+        "|---:|---|---|---:|---|---:|---:|---:|",
+    ]
+    for p in points:
+        rec = "–" if p.recovery is None else f"{p.recovery:.1f} [{p.lo:.1f}, {p.hi:.1f}]"
+        pv = "–" if p.p_vs_full is None else f"{p.p_vs_full:.3g}"
+        lines.append(f"| {p.budget:g} | {p.selection} | `{p.spec}` | {100 * p.kv_fraction:.1f}% | {rec} | {p.n} "
+                     f"| {pv} | {p.calib_cpu_minutes:.2f} |")  # fmt: skip
+    (out / "frontier.md").write_text("\n".join(lines) + "\n")
+    paths = {"json": str(out / "frontier.json"), "md": str(out / "frontier.md")}
+    try:
+        paths["png"] = str(_plot(points, out / "frontier.png", model, context))
+    except ImportError:  # matplotlib is an extra
+        logger.warning("no frontier.png: matplotlib is not installed (pip install 'sinkwindow[eval]')")
+    return paths
+
+
+def _plot(points: list[FrontierPoint], path: Path, model: str, context: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    measured = [p for p in points if p.recovery is not None]
+    for sel, marker in zip(SELECTIONS, "osD^"):
+        mine = [p for p in measured if p.selection == sel]
+        if mine:
+            ax.errorbar([100 * p.kv_fraction for p in mine], [p.recovery for p in mine],
+                        yerr=[[p.recovery - p.lo for p in mine], [p.hi - p.recovery for p in mine]],
+                        fmt=marker, capsize=3, label=sel)  # fmt: skip
+    # The Pareto front: no other point has fewer bytes and at least the recovery.
+    front = sorted(
+        (
+            p
+            for p in measured
+            if not any(q.kv_bytes <= p.kv_bytes and q.recovery > p.recovery for q in measured)
+        ),
+        key=lambda p: p.kv_bytes,
+    )
+    if front:
+        ax.plot(
+            [100 * p.kv_fraction for p in front],
+            [p.recovery for p in front],
+            "k--",
+            lw=1,
+            label="Pareto front",
+        )
+    ax.axhline(100, color="grey", lw=0.8)
+    ax.set_xlabel("KV bytes, % of full attention's")
+    ax.set_ylabel("S-NIAH recovery vs full, %")
+    ax.set_title(f"{model} at {context} tokens")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

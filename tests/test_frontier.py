@@ -1,0 +1,150 @@
+"""The KV-budget frontier: each point fits its budget, plain SWA takes the largest W that fits, the
+hybrids their most units, recovery is paired against full attention, and a rerun reuses everything."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import eval_pair
+from sinkwindow import parse_spec
+from sinkwindow.memory import analytic_state_bytes
+from sinkwindow.spec import MethodSpec
+from sinkwindow.tuning import frontier as frontier_mod
+from sinkwindow.tuning.frontier import FrontierConfig, frontier, largest_window, max_units
+
+CONTEXT = 512  # tiny-pair S-NIAH prompts of ~380-420 tokens
+CONFIG = FrontierConfig(budgets=(0.4, 0.75), sinks=(0, 4), stream_window=64, samples=2, calib_samples=1)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return eval_pair()
+
+
+@pytest.fixture(scope="module")
+def drawn(pair, tmp_path_factory):
+    model, tok = pair
+    out = tmp_path_factory.mktemp("frontier")
+    return frontier(model, tok, CONTEXT, CONFIG, out, name="tiny", progress=False), out
+
+
+def test_every_point_fits_its_budget_and_takes_all_the_budget_allows(drawn, pair):
+    points, _ = drawn
+    config, full = pair[0].config, analytic_state_bytes(MethodSpec("full"), pair[0].config, CONTEXT)
+    assert {(p.budget, p.selection) for p in points} >= {(0.4, "swa"), (0.4, "heads-nll"), (0.75, "layers")}
+    for p in points:
+        spec = parse_spec(p.spec)
+        assert p.kv_bytes == analytic_state_bytes(spec, config, CONTEXT) <= p.budget * full
+        assert p.kv_fraction == pytest.approx(p.kv_bytes / full, abs=1e-4)
+        if p.selection == "swa":
+            # The largest window: one more slot would not fit.
+            assert (
+                largest_window(config, CONTEXT, int(p.budget * full), spec.sinks, torch.float32)
+                == spec.window
+            )
+            bigger = parse_spec(f"swa:{spec.window + 1}:{spec.sinks}")
+            assert analytic_state_bytes(bigger, config, CONTEXT) > p.budget * full
+        else:
+            by = "layer" if p.selection == "layers" else "head"
+            base = spec.base
+            assert base.window == 64 and base.sinks in (0, 4)
+            kept = len(spec.full_layers) * (1 if by == "layer" else 2) + len(spec.full_heads)
+            assert kept == max_units(base, config, by, CONTEXT, int(p.budget * full), torch.float32) > 0
+
+
+def test_recovery_is_the_paired_s_niah_average_against_full(drawn):
+    points, out = drawn
+    rows = [json.loads(line) for line in (out / "eval" / "results.jsonl").read_text().splitlines()]
+    score = {(r["method"], r["task"], r["index"]): r["score"] for r in rows}
+    tasks = ("niah_single_1", "niah_single_2", "niah_single_3")
+    full_mean = sum(score[("full", t, i)] for t in tasks for i in range(2)) / 6
+    for p in points:
+        assert p.n == 6 and set(p.accuracy) == set(tasks)
+        mine = sum(score[(p.spec, t, i)] for t in tasks for i in range(2)) / 6
+        if full_mean > 0:
+            assert p.recovery == pytest.approx(100 * mine / full_mean)
+        else:  # a random tiny model finds no needle under full attention: no ratio is given
+            assert p.recovery is None
+        assert p.p_vs_full is not None and 0 <= p.p_vs_full <= 1
+    saved = json.loads((out / "frontier.json").read_text())
+    assert saved["context"] == CONTEXT and len(saved["points"]) == len(points)
+    table = (out / "frontier.md").read_text()
+    assert all(f"`{p.spec}`" in table for p in points) and (out / "frontier.png").stat().st_size > 1000
+
+
+def test_a_rerun_calibrates_and_evaluates_nothing_again(drawn, pair, monkeypatch):
+    points, out = drawn
+    model, tok = pair
+    rows_before = (out / "eval" / "results.jsonl").read_text()
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(frontier_mod, "calibrate", no_calibration)
+    monkeypatch.setattr(frontier_mod, "mean_nll", no_calibration)
+    again = frontier(model, tok, CONTEXT, CONFIG, out, name="tiny", progress=False)
+    assert [(p.spec, p.recovery) for p in again] == [(p.spec, p.recovery) for p in points]
+    assert (out / "eval" / "results.jsonl").read_text() == rows_before
+
+
+def test_bad_frontier_settings_are_refused(pair, tmp_path):
+    model, tok = pair
+    with pytest.raises(ValueError, match="unknown selection"):
+        frontier(model, tok, CONTEXT, FrontierConfig(selections=("heads",)), tmp_path, name="tiny")
+    with pytest.raises(ValueError, match=r"fractions of full attention's KV bytes in \(0, 1\]"):
+        frontier(model, tok, CONTEXT, FrontierConfig(budgets=(1.5,)), tmp_path, name="tiny")
+    with pytest.raises(ValueError, match="tune on the test set"):
+        frontier(model, tok, CONTEXT, FrontierConfig(seed=42), tmp_path, name="tiny")
+
+
+def test_frontier_cli_parses_budgets_and_selections():
+    from sinkwindow.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["frontier", "--budgets", "0.5,0.125", "--selections", "swa,heads-gates"]
+    )
+    assert args.budgets == [0.125, 0.5] and args.selections == ["swa", "heads-gates"] and args.context == 4096
+    for bad in (["--budgets", "2"], ["--selections", "heads"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["frontier", *bad])
+
+
+def test_recovery_pairs_samples_per_task_and_weights_tasks_equally():
+    from sinkwindow.tuning.frontier import FrontierPoint, measure_points
+
+    def rows(method, scores_by_task):
+        return [{"method": method, "task": t, "length": CONTEXT, "index": i, "score": s}
+                for t, scores in scores_by_task.items() for i, s in enumerate(scores)]  # fmt: skip
+
+    full = {"niah_single_1": [100, 100, 0, 100], "niah_single_2": [100, 100], "niah_single_3": [100, 0]}
+    mine = {"niah_single_1": [100, 0, 0, 100, 100], "niah_single_2": [0, 100], "niah_single_3": [100, 0]}
+    point = FrontierPoint(0.25, "swa", "swa:64:4", 10, 0.0, 0.0)
+    measure_points([point], rows("full", full) + rows("swa:64:4", mine), CONTEXT, 40)
+    # Pairs only where both ran (index 4 of task 1 has no full row); each task's mean counts once.
+    assert point.n == 8 and point.kv_fraction == 0.25
+    assert point.accuracy == {"niah_single_1": 50.0, "niah_single_2": 50.0, "niah_single_3": 50.0}
+    want = (0.5 + 0.5 + 0.5) / (0.75 + 1.0 + 0.5)
+    assert point.recovery == pytest.approx(100 * want) and point.lo <= point.recovery <= point.hi
+    assert point.p_vs_full is not None and point.p_vs_full > 0.05  # 2 discordant pairs of 8
+
+
+def test_frontier_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_path, capsys):
+    from sinkwindow.cli import main
+
+    out = tmp_path / "frontier"
+    rc = main(["frontier", "--model", str(eval_pair_folder), "--context", "512", "--budgets", "0.4",
+               "--selections", "swa", "--sinks", "0,4", "--samples", "1", "--calib-samples", "1",
+               "--out", str(out), "--no-progress", "--threads", "1"])  # fmt: skip
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (
+        last["points"] == 1 and (out / "frontier.md").is_file() and (out / "eval" / "results.jsonl").is_file()
+    )
+    assert (
+        main(["frontier", "--model", str(eval_pair_folder), "--seed", "42", "--out", str(tmp_path / "x")])
+        == 2
+    )
+    assert "tune on the test set" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -3,6 +3,7 @@ hybrids their most units, recovery is paired against full attention, and a rerun
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -12,8 +13,10 @@ from conftest import eval_pair
 from sinkwindow import parse_spec
 from sinkwindow.memory import analytic_state_bytes
 from sinkwindow.spec import MethodSpec
-from sinkwindow.tuning import frontier as frontier_mod
 from sinkwindow.tuning.frontier import FrontierConfig, frontier, largest_window, max_units
+
+# The module, not the function the package exports under the same name.
+frontier_mod = importlib.import_module("sinkwindow.tuning.frontier")
 
 CONTEXT = 512  # tiny-pair S-NIAH prompts of ~380-420 tokens
 CONFIG = FrontierConfig(budgets=(0.4, 0.75), sinks=(0, 4), stream_window=64, samples=2, calib_samples=1)
@@ -148,3 +151,20 @@ def test_frontier_command_writes_its_files_and_one_json_line(eval_pair_folder, t
         == 2
     )
     assert "tune on the test set" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_a_folder_keeps_one_calibration_setting(pair, tmp_path):
+    from sinkwindow.runs.folder import RunMismatchError
+
+    model, tok = pair
+    one = FrontierConfig(budgets=(0.4,), selections=("swa",), sinks=(0, 4), samples=1, calib_samples=1)
+    frontier(model, tok, CONTEXT, one, tmp_path, name="tiny", progress=False)
+    # More budgets or samples add to the folder; other sinks would reuse stale calibrations: refused.
+    frontier(model, tok, CONTEXT, FrontierConfig(**{**one.__dict__, "budgets": (0.4, 0.75)}), tmp_path, name="tiny",
+             progress=False)  # fmt: skip
+    other = FrontierConfig(**{**one.__dict__, "sinks": (4,)})
+    with pytest.raises(RunMismatchError, match=r"sinks: \[0, 4\] -> \[4\]"):
+        frontier(model, tok, CONTEXT, other, tmp_path, name="tiny", progress=False)
+    points = frontier(model, tok, CONTEXT, other, tmp_path, name="tiny", progress=False, new_run=True)
+    assert [parse_spec(p.spec).sinks for p in points] == [4]
+    assert any(p.name.startswith("previous-") for p in tmp_path.iterdir())

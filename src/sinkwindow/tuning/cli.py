@@ -280,6 +280,8 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
                    help="their token budget (default: --context)")  # fmt: skip
     _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")
     cli_args.add_out(p, "runs/frontier", help="run folder (resumes if it exists)")
+    p.add_argument("--new-run", action="store_true",
+                   help="start over in --out: its calibrations and rows are moved aside, not mixed with the new ones")  # fmt: skip
     _add_runtime(p)
     p.set_defaults(func=_cmd_frontier)
 

@@ -135,11 +135,17 @@ def max_units(base: MethodSpec, config, by: str, context: int, budget: int, dtyp
 
 
 def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | Path, *, name: str,
-             progress: bool = True) -> list[FrontierPoint]:  # fmt: skip
+             progress: bool = True, new_run: bool = False) -> list[FrontierPoint]:  # fmt: skip
     """Draw the frontier into ``out`` (see the module docstring); returns its points.
+
+    A folder keeps one calibration setting (``fingerprint.json``: the model, context, sinks, stream
+    window, calibration prompts, chunk size): a rerun with other budgets, selections or samples adds
+    to it, one with other calibration settings is refused, or with ``new_run`` starts over after
+    moving the folder's files to ``previous-<time>/``.
 
     Raises:
         ValueError: an unknown selection, a budget outside (0, 1], or a calibration seed evaluation uses.
+        RunMismatchError: ``out`` holds a frontier calibrated otherwise (names what differs).
     """
     from ..eval.runner import EvalConfig, run_eval
     from ..eval.tasks import NIAH_TASKS
@@ -154,6 +160,7 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         )
     check_calibration_seed(cfg.seed)
     out = Path(out)
+    _check_settings(out, _settings(cfg, name, context, model), new_run)
     (out / "calibration").mkdir(parents=True, exist_ok=True)
     full_bytes = analytic_state_bytes(MethodSpec("full"), model.config, context, dtype=model.dtype)
     prompts = calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
@@ -173,6 +180,33 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     measure_points(points, store.rows(), context, full_bytes)
     write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
     return points
+
+
+def _settings(cfg: FrontierConfig, name: str, context: int, model) -> dict:
+    """What a point's calibration depends on (budgets, selections and samples only add points or rows)."""
+    return {"model": name, "context": context, "sinks": sorted(set(cfg.sinks)), "stream_window": cfg.stream_window,
+            "calib_samples": cfg.calib_samples, "calib_length": cfg.calib_length or context, "seed": cfg.seed,
+            "chunk_size": cfg.chunk_size, "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+
+
+def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
+    from ..runs.folder import RunMismatchError, move_aside, read_settings, write_settings
+
+    old = read_settings(out)
+    if old is not None and old["settings"] != settings:
+        if not new_run:
+            keys = sorted(
+                k for k in set(old["settings"]) | set(settings) if old["settings"].get(k) != settings.get(k)
+            )
+            said = "; ".join(f"{k}: {old['settings'].get(k)!r} -> {settings.get(k)!r}" for k in keys)
+            raise RunMismatchError(
+                f"{out} holds a frontier calibrated otherwise ({said}): use another --out, or --new-run"
+            )
+        move_aside(
+            out, ["calibration", "eval", "frontier.json", "frontier.md", "frontier.png", "fingerprint.json"]
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    write_settings(out, settings)
 
 
 def _choose(model, tokenizer, prompts, selection: str, budget: float, budget_bytes: int, context: int,

@@ -134,6 +134,7 @@ def _train_config(args: argparse.Namespace, transfer: int, finetune: int):
         finetune_tokens=finetune,
         seq_len=args.seq_len,
         grad_accum=args.grad_accum,
+        batch_size=args.batch_size,
         lr_transfer=args.lr_transfer,
         lr_finetune=args.lr_finetune,
         eval_every=args.eval_every,
@@ -244,6 +245,12 @@ def _add_budget_flags(p: argparse.ArgumentParser) -> None:
 def _add_optimiser_flags(p: argparse.ArgumentParser) -> None:
     """Steps, learning rates, LoRA, validation and saves."""
     g = p.add_argument_group("optimisation")
+    g.add_argument(
+        "--batch-size",
+        type=cli_args.integer(1, what="--batch-size"),
+        default=1,
+        help="chunks per micro-batch; a GPU takes more (default: %(default)s, as LoLCATs)",
+    )
     g.add_argument(
         "--grad-accum",
         type=cli_args.integer(1, what="--grad-accum"),

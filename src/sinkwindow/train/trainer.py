@@ -109,6 +109,8 @@ class TrainConfig:
     Attributes:
         data: ``"essays"``, a JSONL/.txt path (``train.data.load_training_data``), or ``None``.
         transfer_tokens, finetune_tokens: stage budgets; ``finetune_tokens=0`` skips stage 2.
+        batch_size: packed chunks per micro-batch (LoLCATs: 1; a GPU takes more, at the same tokens
+            per optimiser step when ``grad_accum`` shrinks by as much).
         lr_finetune, lora_alpha, lora_targets: ``None`` takes the spec's recipe (``recipe_for``):
             1e-4, 16, q/k/v/o for LoLCATs and Hedgehog; 1e-3, 8, q/k/v for Liger.
         convert_options: keyword arguments of ``convert``. For Liger the feature-map options at
@@ -127,6 +129,7 @@ class TrainConfig:
     finetune_tokens: int = 2_000_000
     seq_len: int = 1024
     grad_accum: int = 8
+    batch_size: int = 1
     lr_transfer: float = 1e-2
     lr_finetune: float | None = None
     eval_every: int = 100
@@ -188,7 +191,7 @@ def train_baseline(
             "spec": str(spec),
             "model": cfg.model_name,
             "data": packed.info,
-            **{k: getattr(cfg, k) for k in ("transfer_tokens", "finetune_tokens", "seq_len", "grad_accum")},
+            **{k: getattr(cfg, k) for k in ("transfer_tokens", "finetune_tokens", "seq_len", "grad_accum", "batch_size")},
             "lr_transfer": cfg.lr_transfer,
             "lr_finetune": cfg.lr_finetune,
             "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)},
@@ -258,7 +261,7 @@ def _stage_config(
     stage: str, lr: float, tokens: int, cfg: TrainConfig, max_minutes: float | None
 ) -> StageConfig:
     return StageConfig(
-        stage, lr=lr, tokens=tokens, grad_accum=cfg.grad_accum, eval_every=cfg.eval_every,
+        stage, lr=lr, tokens=tokens, grad_accum=cfg.grad_accum, batch_size=cfg.batch_size, eval_every=cfg.eval_every,
         save_every=cfg.save_every, val_batches=cfg.val_batches, max_minutes=max_minutes,
     )  # fmt: skip
 

@@ -512,4 +512,25 @@ def test_calibrate_cli_takes_a_sinks_list():
     from sinkwindow.cli import build_parser
 
     args = build_parser().parse_args(["calibrate", "--full-heads", "2", "--sinks", "64,4,4"])
-    assert args.sinks == [4, 64] and build_parser().parse_args(["calibrate", "--full-heads", "2"]).sinks is None
+    assert (
+        args.sinks == [4, 64] and build_parser().parse_args(["calibrate", "--full-heads", "2"]).sinks is None
+    )
+
+
+def test_calibration_haystacks_share_no_text_with_evaluation_ones(pair):
+    tok = pair[1]
+    cal = calibration_prompts(tok, samples=3, length=LENGTH)
+    for task in ("niah_single_2", "niah_single_3"):  # the essay haystacks
+        evaluation = generate_niah(task, tok, LENGTH, 3, seed=42)[0].text.split()
+        spans = {tuple(evaluation[i : i + 8]) for i in range(len(evaluation) - 8)}
+        prompt = next(p for p in cal if p.task == task)
+        words = tok.decode(prompt.input_ids[0]).split()
+        shared = [i for i in range(len(words) - 8) if tuple(words[i : i + 8]) in spans]
+        # Only RULER's template (the instructions around the haystack) may repeat.
+        assert len(shared) < 40, (task, len(shared))
+    # The offset starts a sentence: the haystack does not open mid-sentence.
+    from sinkwindow.eval.haystack import essay_words
+    from sinkwindow.eval.niah import _rotated_at_sentence
+
+    words = _rotated_at_sentence(essay_words(), 56_000)
+    assert sorted(words) == sorted(essay_words()) and words[-1].endswith((".", "?", "!"))

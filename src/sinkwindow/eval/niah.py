@@ -331,7 +331,7 @@ class _HaystackEstimate:
 class _Builder:
     """Builds RULER's ``input_text`` for one task and tokenizer, for any haystack size."""
 
-    def __init__(self, config: NiahTask, model_template: str) -> None:
+    def __init__(self, config: NiahTask, model_template: str, haystack_offset: int = 0) -> None:
         self.config = config
         template = model_template.format(task_template=TEMPLATE) + ANSWER_PREFIX
         # All three S-NIAH tasks have num_needle_q * num_needle_v == 1.
@@ -339,6 +339,8 @@ class _Builder:
         self.type_v_query = config.type_needle_v[:-1]
         if config.type_haystack == "essay":
             words = essay_words()
+            if haystack_offset:
+                words = _rotated_at_sentence(words, haystack_offset)
             self.words: Sequence[str] = words
             self._prefix = PrefixSentences(words)
 
@@ -375,6 +377,14 @@ class _Builder:
 DEPTH_MODES = ("random", "stratified")
 
 
+def _rotated_at_sentence(words: Sequence[str], offset: int) -> tuple[str, ...]:
+    """The essay words starting at the first sentence start at or after word ``offset`` (and
+    wrapping round), so a haystack read from there shares no text with RULER's from word 0 until
+    the two meet."""
+    start = next((i for i in range(offset, len(words)) if words[i - 1].endswith((".", "?", "!"))), offset)
+    return tuple(words[start:]) + tuple(words[:start])
+
+
 def _stratified(index: int, num_samples: int, choices: Sequence[int]) -> int:
     """The ``index``-th of ``num_samples`` points spread evenly over ``choices`` (centres of equal strata)."""
     return choices[min(len(choices) - 1, int((index + 0.5) * len(choices) / num_samples))]
@@ -390,6 +400,7 @@ def generate_niah(
     tokens_to_generate: int = TOKENS_TO_GENERATE,
     model_template: str = BASE_MODEL_TEMPLATE,
     depths: str = "random",
+    haystack_offset: int = 0,
 ) -> list[NiahSample]:
     """Generate S-NIAH samples whose prompt plus generation fits ``length`` tokens.
 
@@ -410,6 +421,9 @@ def generate_niah(
             depths (or lines), so a cell's needles spread evenly and the share that lands in a
             method's window is what its size predicts. The random draws are made either way, so keys
             and values are the same samples' in both modes.
+        haystack_offset: essay haystacks start at the first sentence from this word on (wrapping
+            round) instead of at RULER's word 0, so calibration prompts share no text with evaluation
+            ones (``tuning.prompts``); 0 (RULER) for evaluation. The noise haystack ignores it.
 
     Returns:
         ``num_samples`` samples. The same arguments always give the same samples.
@@ -424,7 +438,7 @@ def generate_niah(
         raise ValueError(f"depths must be one of {DEPTH_MODES}, got {depths!r}")
     rng = random.Random(seed)
     count = _token_counter(tokenizer)
-    builder = _Builder(config, model_template)
+    builder = _Builder(config, model_template, haystack_offset)
     estimate = _HaystackEstimate(
         config.type_haystack, tokenizer, count, builder.words if config.type_haystack == "essay" else ()
     )
@@ -482,7 +496,8 @@ def generate_niah(
                 needle=needle,
                 needle_position=position,
                 num_haystack=n,
-                metadata={"type_haystack": config.type_haystack, "seed": seed, "depths": depths},
+                metadata={"type_haystack": config.type_haystack, "seed": seed, "depths": depths}
+                | ({"haystack_offset": haystack_offset} if haystack_offset else {}),
             )
         )
     logger.info("generated %d %s samples at length %d", len(samples), config.name, length)

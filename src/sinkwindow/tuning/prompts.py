@@ -8,7 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CAL_SEED", "EVAL_SEEDS", "check_calibration_seed", "CalibrationPrompt", "calibration_prompts"]
+__all__ = [
+    "CAL_HAYSTACK_OFFSET",
+    "CAL_SEED",
+    "EVAL_SEEDS",
+    "check_calibration_seed",
+    "CalibrationPrompt",
+    "calibration_prompts",
+]
 
 
 # Seed of the calibration prompts. sinkwindow eval and compare default to 42 and people vary it
@@ -16,6 +23,10 @@ __all__ = ["CAL_SEED", "EVAL_SEEDS", "check_calibration_seed", "CalibrationPromp
 CAL_SEED = 7_000_000
 
 
+# Essay haystacks of calibration prompts start here (a word index of RULER's 111,877-word essay
+# haystack, at the next sentence): evaluation reads from word 0, about 800 words per 1K tokens, so
+# the two share no text at any context up to about 64K tokens.
+CAL_HAYSTACK_OFFSET = 56_000
 # Seeds reserved for evaluation: calibration and held-out seeds must stay outside them.
 EVAL_SEEDS = range(0, 1_000_000)
 
@@ -56,7 +67,9 @@ def calibration_prompts(
     """``samples`` S-NIAH prompts of ``length`` tokens (answer budget included), tasks taken in turn.
 
     Prompt i is sample ``i // len(tasks)`` of task ``tasks[i % len(tasks)]``, each task's samples
-    drawn with ``generate_niah(task, tokenizer, length, count, seed=seed)``.
+    drawn with ``generate_niah(task, tokenizer, length, count, seed=seed)`` from an essay haystack that
+    starts at :data:`CAL_HAYSTACK_OFFSET`: other needles (the seed) in other text (the essays) than
+    any evaluation prompt.
     """
     from ..eval.decoding import encode_prompt
     from ..eval.niah import generate_niah
@@ -66,7 +79,11 @@ def calibration_prompts(
     if samples < 1:
         raise ValueError(f"give at least one calibration sample, got {samples}")
     counts = {t: len(range(i, samples, len(tasks))) for i, t in enumerate(tasks)}
-    drawn = {t: generate_niah(t, tokenizer, length, c, seed=seed) for t, c in counts.items() if c}
+    drawn = {
+        t: generate_niah(t, tokenizer, length, c, seed=seed, haystack_offset=CAL_HAYSTACK_OFFSET)
+        for t, c in counts.items()
+        if c
+    }
     out = []
     for i in range(samples):
         task = tasks[i % len(tasks)]

@@ -191,7 +191,10 @@ def train_baseline(
             "spec": str(spec),
             "model": cfg.model_name,
             "data": packed.info,
-            **{k: getattr(cfg, k) for k in ("transfer_tokens", "finetune_tokens", "seq_len", "grad_accum", "batch_size")},
+            **{
+                k: getattr(cfg, k)
+                for k in ("transfer_tokens", "finetune_tokens", "seq_len", "grad_accum", "batch_size")
+            },
             "lr_transfer": cfg.lr_transfer,
             "lr_finetune": cfg.lr_finetune,
             "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)},

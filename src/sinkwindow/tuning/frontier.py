@@ -235,7 +235,8 @@ def _choose(model, tokenizer, prompts, selection: str, budget: float, budget_byt
         sinks = [s for s in cfg.sinks if s < cfg.stream_window]
         if not sinks:
             raise ValueError(
-                f"every sink count in {list(cfg.sinks)} fills the stream window {cfg.stream_window}"
+                f"every sink count in {list(cfg.sinks)} fills the stream window {cfg.stream_window}: "
+                f"give --sinks below --stream-window"
             )
         base = parse_spec(f"swa:{cfg.stream_window}:{sinks[0]}")
         k = max_units(base, model.config, by, context, budget_bytes, dtype)

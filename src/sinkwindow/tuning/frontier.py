@@ -22,11 +22,12 @@ Calibrations are kept in ``OUT/calibration/`` and a rerun reuses them and the ro
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,7 +164,10 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     _check_settings(out, _settings(cfg, name, context, model), new_run)
     (out / "calibration").mkdir(parents=True, exist_ok=True)
     full_bytes = analytic_state_bytes(MethodSpec("full"), model.config, context, dtype=model.dtype)
-    prompts = calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
+    # Drawn only if a point is calibrated here (a rerun reads every point from OUT/calibration).
+    prompts = functools.cache(
+        lambda: calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
+    )
     points = []
     for budget in cfg.budgets:
         for selection in cfg.selections:
@@ -209,7 +213,7 @@ def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
     write_settings(out, settings)
 
 
-def _choose(model, tokenizer, prompts, selection: str, budget: float, budget_bytes: int, context: int,
+def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
             cfg: FrontierConfig, out: Path) -> FrontierPoint | None:  # fmt: skip
     """One point's spec, from its saved calibration when there is one; ``None`` when nothing fits."""
     path = out / "calibration" / f"{selection}-{budget:g}.json"
@@ -226,7 +230,7 @@ def _choose(model, tokenizer, prompts, selection: str, budget: float, budget_byt
         if not specs:
             return None
         try:
-            nll = {str(sp): mean_nll(model, sp, prompts, cfg.chunk_size, None) for sp in specs}
+            nll = {str(sp): mean_nll(model, sp, prompts(), cfg.chunk_size, None) for sp in specs}
         finally:
             use_method(model, "full")
         spec = min(specs, key=lambda sp: nll[str(sp)])
@@ -242,7 +246,7 @@ def _choose(model, tokenizer, prompts, selection: str, budget: float, budget_byt
         k = max_units(base, model.config, by, context, budget_bytes, dtype)
         if k < 1:
             return None
-        res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=len(prompts),
+        res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=cfg.calib_samples,
                         length=cfg.calib_length or context, seed=cfg.seed,
                         chunk_size=cfg.chunk_size, progress=False, select=select, sinks=sinks)  # fmt: skip
         spec = parse_spec(res.spec)

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if not src.is_file():
         raise SystemExit(f"error: {src} does not exist: the run has not finished both stages")
     meta = read_metadata(resolve_checkpoint(src))
-    if sinkwindow.parse_spec(meta["spec"]) != sinkwindow.parse_spec(args.method):
+    # A variant (METHOD@NAME) is trained as its plain method: swa:256:4@lora's run holds swa:256:4.
+    if sinkwindow.parse_spec(meta["spec"]) != sinkwindow.parse_spec(args.method).without_adapter:
         raise SystemExit(f"error: {src} holds {meta['spec']}, not {args.method}")
     summary = json.loads((run / "summary.json").read_text())
     config = json.loads((run / "config.json").read_text())
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         dst.unlink()
         raise SystemExit(
             f"error: with {src} ({src.stat().st_size / 2**20:.1f} MiB) the shipped adapters would hold "
-            f"{total / 2**20:.1f} MiB, over the 20 MiB package budget: ship a smaller adapter or retire one"
+            f"{total / 2**20:.1f} MiB, over the {PACKAGE_BUDGET_BYTES / 2**20:.0f} MiB package budget: ship a smaller "
+            "adapter or retire one"
         )
 
     torch.manual_seed(0)

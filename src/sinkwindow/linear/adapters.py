@@ -41,8 +41,10 @@ __all__ = [
 ]
 
 ADAPTER_DIR = Path(__file__).resolve().parent / "adapters"
-# Every shipped adapter together: the wheel carries them all.
-PACKAGE_BUDGET_BYTES = 20 * 2**20
+# Every shipped adapter together: the wheel carries them all. 32 MiB holds the paper-recipe baselines
+# (lolcats:256, liger:256, linear: 18 MiB), the length-trained LoLCATs (8 MiB) and the equal-budget
+# SWA + LoRA control (3.5 MiB), well inside PyPI's 100 MB file limit.
+PACKAGE_BUDGET_BYTES = 32 * 2**20
 
 
 def adapter_stem(model_name: str, spec: str | MethodSpec) -> str:

@@ -21,7 +21,9 @@ from conftest import VOCAB, has_native_sliding, tiny_model
 from sinkwindow import flex
 from sinkwindow.cache import SlotOffset
 from sinkwindow.masks import build_sink_window_mask
+from sinkwindow.plan import AttentionPlan, bind, config_plan, plan_of
 from sinkwindow.reference import reference_greedy, reference_logits
+from sinkwindow.spec import parse_spec
 
 W, S = 8, 2
 
@@ -132,13 +134,7 @@ def test_block_mask_dense_window_and_unrepresentable_layout(caplog):
     from transformers import LlamaConfig
 
     cfg = LlamaConfig()
-    cfg._sinkwindow = {
-        "kind": "swa",
-        "window": 64,
-        "sinks": 2,
-        "positions": "absolute",
-        "native_sliding": "override",
-    }
+    bind([cfg], AttentionPlan(parse_spec("swa:64:2"), "override", flex.FLEX_NAME, "sdpa", fallback="sdpa"))
     with caplog.at_level(logging.WARNING, logger="sinkwindow.flex"):
         out = flex.sinkwindow_flex_mask(1, 260, 260, attention_mask=scattered, config=cfg)
         flex.sinkwindow_flex_mask(1, 260, 260, attention_mask=scattered, config=cfg)
@@ -298,12 +294,13 @@ def test_attn_implementation_names():
     assert _attention_name(cls, None, "flex_attention") == sinkwindow.patch.SDPA_NAME
     with sinkwindow.apply(model, "swa:8:2", attn_implementation="flex"):
         assert model.config._attn_implementation == flex.FLEX_NAME
-        assert model.config._sinkwindow[flex.FALLBACK_KEY] == "sdpa"
-    assert model.config._attn_implementation == "sdpa" and not hasattr(model.config, "_sinkwindow")
+        assert plan_of(model).fallback == "sdpa" and config_plan(model.config) is plan_of(model)
+    assert model.config._attn_implementation == "sdpa" and plan_of(model) is None
+    assert config_plan(model.config) is None
     gemma2 = tiny_model("gemma2")
     sinkwindow.apply(gemma2, "swa:8:2", attn_implementation="flex")
     # No SDPA for Gemma 2: its short calls run its own eager attention (with the softcap).
-    assert gemma2.config._sinkwindow[flex.FALLBACK_KEY] == "eager"
+    assert plan_of(gemma2).fallback == "eager"
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ PACKAGE = SRC / "sinkwindow"
 CORE = {
     "spec", "masks", "cache", "static_cache", "hybrid", "flex", "patch", "prefill", "rope", "threads",
     "memory", "method", "registry", "attributes", "reference", "models", "generate", "jsonl", "_lazy", "probe",
-    "notices", "resolve", "linear",
+    "notices", "resolve", "linear", "plan",
 }  # fmt: skip
 # What sits above it: evaluation, benchmarks, tuning, training, and every command-line module.
 ABOVE = {"eval", "bench", "tuning", "train", "runs", "serve", "cli", "cli_args", "cli_errors", "check"}

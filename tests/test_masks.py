@@ -15,7 +15,9 @@ import torch
 
 from sinkwindow.cache import SlotOffset
 from sinkwindow.masks import build_sink_window_mask, sinkwindow_eager_mask, sinkwindow_sdpa_mask
+from sinkwindow.plan import AttentionPlan, bind
 from sinkwindow.reference import reference_mask
+from sinkwindow.spec import parse_spec
 
 # (w, s): sinks from none to w - 1; windows that lengths below are not multiples of.
 WINDOWS = [(5, 0), (5, 2), (8, 3), (8, 7), (6, 1)]
@@ -199,13 +201,7 @@ def test_registered_builders_follow_the_plan_in_the_config():
     from transformers import LlamaConfig
 
     cfg = LlamaConfig()
-    cfg._sinkwindow = {
-        "kind": "swa",
-        "window": 5,
-        "sinks": 2,
-        "positions": "absolute",
-        "native_sliding": "override",
-    }
+    bind([cfg], AttentionPlan(parse_spec("swa:5:2"), "override", "sinkwindow_sdpa", "sdpa"))
     want = build_sink_window_mask(1, 11, 11, 0, 0, 5, 2)
     assert torch.equal(sinkwindow_sdpa_mask(1, 11, 11, config=cfg), want)
     eager = sinkwindow_eager_mask(1, 11, 11, config=cfg, dtype=torch.float64)
@@ -213,7 +209,7 @@ def test_registered_builders_follow_the_plan_in_the_config():
     assert torch.equal(eager == 0, want)
     assert torch.all(eager[~want] == torch.finfo(torch.float64).min)
     # "keep": a native sliding layer (local_size) gets transformers' own window, i.e. SWA(local, 0).
-    cfg._sinkwindow["native_sliding"] = "keep"
+    bind([cfg], AttentionPlan(parse_spec("swa:5:2"), "keep", "sinkwindow_sdpa", "sdpa"))
     assert torch.equal(
         sinkwindow_sdpa_mask(1, 11, 11, local_size=4, config=cfg),
         build_sink_window_mask(1, 11, 11, 0, 0, 4, 0),

@@ -10,6 +10,7 @@ import torch
 import sinkwindow
 from conftest import CORE_FAMILIES, EAGER_ONLY, FAMILIES, VOCAB, family_impls, has_native_sliding, tiny_model
 from sinkwindow.patch import native_sliding_layers, text_config
+from sinkwindow.plan import config_plan
 from sinkwindow.reference import reference_logits, reference_mask
 
 # The core families run every case; the others one case of each contract (suite time, see conftest).
@@ -102,7 +103,7 @@ def test_context_manager_restores():
             assert (model(ids).logits - base).abs().max() > 1e-3
         assert sinkwindow.active_spec(model).is_full
         assert model.config._attn_implementation == "sdpa"
-        assert not hasattr(model.config, "_sinkwindow")
+        assert sinkwindow.plan_of(model) is None and config_plan(model.config) is None
         torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
 
 
@@ -445,3 +446,37 @@ def test_models_built_from_one_config_do_not_share_a_patch():
     )
     sinkwindow.apply(a, "full")
     torch.testing.assert_close(a(ids, use_cache=False).logits, want, atol=1e-5, rtol=0)
+
+
+def test_the_plan_is_one_typed_object_on_the_model_and_never_in_a_saved_config(tmp_path):
+    # The mask builders read the plan from the config (all transformers hands them), but it is bound,
+    # not written into the config: save_pretrained of a patched model saves the plain model's config.
+    model = tiny_model("llama")
+    with sinkwindow.apply(model, "swa:8:2+full:1"):
+        plan = sinkwindow.plan_of(model)
+        assert isinstance(plan, sinkwindow.AttentionPlan)
+        assert (plan.kind, plan.window, plan.sinks, plan.native_sliding) == ("swa", 8, 2, "override")
+        assert plan.full_kv_heads[1] == tuple(range(model.config.num_key_value_heads))
+        assert plan.restores == "sdpa" and plan.attention == sinkwindow.patch.SDPA_NAME
+        assert config_plan(model.config) is plan
+        with pytest.raises(AttributeError):
+            plan.spec = sinkwindow.parse_spec("swa:4:1")  # frozen: nothing edits a running plan
+        model.save_pretrained(tmp_path)
+        saved = json.loads((tmp_path / "config.json").read_text())
+        assert not any("sinkwindow" in key for key in saved)
+    assert sinkwindow.plan_of(model) is None and config_plan(model.config) is None
+
+
+@torch.no_grad()
+def test_a_deep_copy_of_a_patched_model_runs_the_same_window():
+    import copy
+
+    model = tiny_model("llama")
+    ids = _ids(30)
+    sinkwindow.apply(model, "swa:8:2")
+    want = model(ids).logits
+    twin = copy.deepcopy(model)
+    assert twin.config is not model.config and sinkwindow.plan_of(twin) == sinkwindow.plan_of(model)
+    torch.testing.assert_close(twin(ids).logits, want, atol=0, rtol=0)
+    sinkwindow.apply(model, "full")  # the original's restore leaves the copy patched
+    torch.testing.assert_close(twin(ids).logits, want, atol=0, rtol=0)

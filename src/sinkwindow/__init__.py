@@ -23,6 +23,7 @@ __all__ = lazy_package(
         ".generate": ["DecodeStep", "decode_speed", "generate"],
         ".models": ["DEFAULT_MODEL", "PACKAGED_MODELS", "list_models", "load"],
         ".patch": ["SUPPORTED_MODEL_TYPES", "active_spec", "apply", "make_cache"],
+        ".plan": ["AttentionPlan", "plan_of"],
         ".prefill": ["PrefillResult", "prefill"],
         ".spec": ["MethodSpec", "parse_spec"],
         ".static_cache": ["StaticSinkWindowCache"],

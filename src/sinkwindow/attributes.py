@@ -5,10 +5,12 @@ leave a marker on the model object; every module reads them through these consta
 cannot leave one reader behind. This module imports nothing, so any module may import it.
 """
 
-__all__ = ["CACHE_FACTORY_ATTR", "MODEL_NAME_ATTR", "RETROFIT_ATTR", "STATE_ATTR"]
+__all__ = ["CACHE_FACTORY_ATTR", "HYBRID_ATTR", "MODEL_NAME_ATTR", "PLAN_ATTR", "RETROFIT_ATTR"]
 
-# ``patch.apply``: what was changed (original class, attention implementation, spec, policy).
-STATE_ATTR = "_sinkwindow_state"
+# ``patch.apply``: the ``plan.AttentionPlan`` the model runs (read it with ``plan.plan_of``).
+PLAN_ATTR = "_sinkwindow_plan"
+# ``patch.apply``: a hybrid spec's installed full-head wrappers (``hybrid.install``), told the cache each step.
+HYBRID_ATTR = "_sinkwindow_hybrid"
 # ``linear.convert``: the conversion to a linear-attention baseline (``linear.attention.Retrofit``).
 RETROFIT_ATTR = "_sinkwindow_linear"
 # ``linear.convert``: builds the converted model's own cache, which ``patch.make_cache`` returns.

@@ -61,7 +61,6 @@ from dataclasses import dataclass
 import torch
 
 from .masks import (
-    PLAN_ATTR,
     physical_mask_function,
     route_mask_call,
     sink_window_mask_function,
@@ -69,6 +68,7 @@ from .masks import (
     sinkwindow_sdpa_mask,
     slot_layout,
 )
+from .plan import config_plan
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -104,8 +104,6 @@ _TILE_BUDGET = 1 << 24
 # (``_runs``): sinks, recent keys, the chunk, and a ring buffer's wrap need at most 4.
 RUNS = 4
 ROWS = 64
-# Plan key naming the family's non-flex path ("sdpa" or "eager"), set by ``patch.apply``.
-FALLBACK_KEY = "flex_fallback"
 
 
 @dataclass
@@ -430,8 +428,9 @@ def sinkwindow_flex_mask(
     for families without SDPA). A BlockMask remembers how to build that other mask
     (``fallback_mask``), for a call that flex then refuses.
     """
-    plan = getattr(config, PLAN_ATTR, None) or {}
-    builder = sinkwindow_eager_mask if plan.get(FALLBACK_KEY) == "eager" else sinkwindow_sdpa_mask
+    plan = config_plan(config)
+    # The family's non-flex path (``AttentionPlan.fallback``): its SDPA, else its eager attention.
+    builder = sinkwindow_eager_mask if plan is not None and plan.fallback == "eager" else sinkwindow_sdpa_mask
     args = dict(
         batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
         attention_mask=attention_mask, local_size=local_size, config=config, device=device, **kwargs,

@@ -33,6 +33,8 @@ from transformers.masking_utils import (
     sliding_window_overlay,
 )
 
+from .plan import config_plan
+
 __all__ = [
     "sink_overlay",
     "sink_window_mask_function",
@@ -45,11 +47,7 @@ __all__ = [
     "build_sink_window_mask",
     "sinkwindow_sdpa_mask",
     "sinkwindow_eager_mask",
-    "PLAN_ATTR",
 ]
-
-# Name of the config attribute that carries the active plan (a plain dict, so configs stay JSON-able).
-PLAN_ATTR = "_sinkwindow"
 
 
 def sink_overlay(sinks: int) -> Callable:
@@ -288,18 +286,18 @@ DENSE = "dense"
 
 def _plan_for_call(config, local_size: int | None, q_offset: int) -> tuple[int, int] | str | None:
     """(window, sinks) this mask call should use, ``DENSE`` for causal-only, or None for the stock mask."""
-    plan = getattr(config, PLAN_ATTR, None) if config is not None else None
-    if not plan:
+    plan = config_plan(config)
+    if plan is None:
         return None
-    if local_size is not None and plan["native_sliding"] == "keep":
+    if local_size is not None and plan.native_sliding == "keep":
         # A layer with its own sliding window (Gemma 3 local layers, Mistral): transformers'
         # sliding mask is kv > q - w, which is exactly SWA(w, 0).
         return local_size, 0
-    if plan["kind"] == "evict" and q_offset == 0:
+    if plan.kind == "evict" and q_offset == 0:
         # evict:W:S runs the model as it is over the prompt (the first forward: dense, or a native
         # layer's own window) and windows decoding.
         return (local_size, 0) if local_size is not None else DENSE
-    return plan["window"], plan["sinks"]
+    return plan.window, plan.sinks
 
 
 def _as_int(x):

@@ -5,8 +5,9 @@
 see ``flex``), each as an attention function (``AttentionInterface``: the stock SDPA function, the
 model's own eager function, or flex) **and** a mask builder of the same name
 (``AttentionMaskInterface``). Registering only the attention would make ``create_causal_mask``
-find no builder and silently pass no mask at all (docs/design.md §2). The window and sinks reach the
-builder through the model config (``config._sinkwindow``, a plain dict).
+find no builder and silently pass no mask at all (docs/design.md §2). What a patched model runs is one
+immutable ``plan.AttentionPlan`` on the model (``plan_of(model)``); the mask builders, which
+transformers hands only the config, read the same object back with ``plan.config_plan(config)``.
 
 A forward pre-hook on the patched model plans each step on our cache (``SinkWindowCache.begin_step``):
 it hands the cache the 2-D padding mask, and the model the ``position_ids`` it must use (real-token
@@ -37,9 +38,10 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface
 
 from . import flex, hybrid
-from .attributes import CACHE_FACTORY_ATTR, RETROFIT_ATTR, STATE_ATTR
+from .attributes import CACHE_FACTORY_ATTR, HYBRID_ATTR, RETROFIT_ATTR
 from .cache import SinkWindowCache
-from .masks import PLAN_ATTR, sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
+from .masks import sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
+from .plan import PLAN_ATTR, AttentionPlan, bind, plan_of, unbind
 from .probe import probe_routing
 from .rope import rope_for_model
 from .spec import MethodSpec, parse_spec
@@ -86,7 +88,6 @@ REFUSED_MODEL_TYPES: dict[str, str] = {
 MASK_ENTRY_POINTS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask"})
 NATIVE_SLIDING_POLICIES = ("override", "keep")
 
-_STATE_ATTR = STATE_ATTR
 # Model attributes of the context manager: what the latest apply() replaced, and the open blocks' specs.
 _ENTERED_FROM_ATTR = "_sinkwindow_entered_from"
 _BLOCKS_ATTR = "_sinkwindow_blocks"
@@ -396,7 +397,7 @@ class _SinkWindowContext:
         # cache, the pre-hook makes the bounded one, and generate carries on with the cache the model
         # returned. So plain model.generate(ids) and pipelines keep SWA(w, s)'s memory bound with no
         # cache= argument. Unpatched (a ``full`` block), the family's own answer.
-        if getattr(self, _STATE_ATTR, None) is None:
+        if plan_of(self) is None:
             return _base_of(type(self))._supports_default_dynamic_cache()
         return False
 
@@ -411,10 +412,11 @@ class _SinkWindowContext:
             if kwargs.get(name) is not None
             or (config is not None and getattr(config, name, None) is not None)
         ]
-        if asked and getattr(self, _STATE_ATTR, None) is not None:
+        plan = plan_of(self)
+        if asked and plan is not None:
             raise ValueError(
                 f"assisted decoding ({', '.join(asked)}) crops the cache back after each draft, which a bounded "
-                f"{self.__dict__[_STATE_ATTR]['spec']} cache cannot do (the keys are already evicted): generate "
+                f"{plan.spec} cache cannot do (the keys are already evicted): generate "
                 f"without it, or run it under full attention (sinkwindow.apply(model, 'full'))"
             )
         return super().generate(*args, **kwargs)
@@ -426,9 +428,8 @@ class _SinkWindowContext:
             spec, native_sliding, implementation = previous
             _apply(self, spec, native_sliding=native_sliding, attn_implementation=implementation, push=False)
             return
-        state = getattr(self, _STATE_ATTR, None)
-        if state:
-            _restore(self, state)
+        if plan_of(self) is not None:
+            _restore(self)
         if not blocks:  # the outermost block: the model's own class again
             self.__dict__.pop(_BLOCKS_ATTR, None)
             self.__class__ = _base_of(type(self))
@@ -457,14 +458,14 @@ def _base_of(cls: type) -> type:
 
 def active_spec(model: PreTrainedModel) -> MethodSpec:
     """The spec a model currently runs (``full`` when unpatched)."""
-    state = getattr(model, _STATE_ATTR, None)
-    return state["spec"] if state else parse_spec("full")
+    plan = plan_of(model)
+    return plan.spec if plan else parse_spec("full")
 
 
 def active_native_sliding(model: PreTrainedModel) -> str:
     """The native-sliding policy the model was patched with (``"override"`` when unpatched)."""
-    state = getattr(model, _STATE_ATTR, None)
-    return state["native_sliding"] if state else "override"
+    plan = plan_of(model)
+    return plan.native_sliding if plan else "override"
 
 
 def base_class(model: PreTrainedModel) -> type:
@@ -522,7 +523,7 @@ def _apply(
             f"got {attn_implementation!r}"
         )
     check_supported(model)
-    state = getattr(model, _STATE_ATTR, None)
+    current = plan_of(model)
     if getattr(model, RETROFIT_ATTR, None) is not None:
         # A converted model's attention is the linear baseline's; patching on top would mix both.
         raise ValueError(
@@ -534,11 +535,11 @@ def _apply(
         # What a ``with`` block entered with this call returns to (None: full attention); the
         # implementation too, so a block interrupting one that ran on flex returns to flex.
         model.__dict__[_ENTERED_FROM_ATTR] = (
-            (state["spec"], state["native_sliding"], model.config._attn_implementation) if state else None
+            (current.spec, current.native_sliding, current.attention) if current else None
         )
     if spec.is_full:
-        if state:
-            _restore(model, state)
+        if current:
+            _restore(model)
         # Kept (or put) under the context class so ``with apply(model, "full"):`` works too; the
         # outermost block's exit gives the model its own class back.
         model.__class__ = _context_class(type(model))
@@ -554,38 +555,31 @@ def _apply(
     _warn_shrunk_local_windows(model, spec, native_sliding)
 
     cls = _base_of(type(model))
-    name = _attention_name(
-        cls, attn_implementation, state["impl"] if state else model.config._attn_implementation
-    )
+    restores = current.restores if current else model.config._attn_implementation
+    name = _attention_name(cls, attn_implementation, restores)
     _register()
-    if state is None:
+    if current is None:
         _own_configs(model)
-        state = {"impl": model.config._attn_implementation}
-        setattr(model, _STATE_ATTR, state)
-
-    plan = {
-        "kind": spec.kind,
-        "window": spec.window,
-        "sinks": spec.sinks,
-        "positions": spec.positions,
-        "native_sliding": native_sliding,
-    }
-    if full_kv_heads is not None:
-        plan["full_kv_heads"] = [list(h) for h in full_kv_heads]
-    if name == FLEX_NAME:
+    plan = AttentionPlan(
+        spec=spec,
+        native_sliding=native_sliding,
+        attention=name,
+        restores=restores,
         # The path of calls flex does not take (decode steps, refusals): the family's SDPA, else eager.
-        plan[flex.FALLBACK_KEY] = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
-    for cfg in all_configs(model):
-        setattr(cfg, PLAN_ATTR, plan)
+        fallback=("sdpa" if getattr(cls, "_supports_sdpa", False) else "eager")
+        if name == FLEX_NAME
+        else None,
+        full_kv_heads=None if full_kv_heads is None else tuple(tuple(h) for h in full_kv_heads),
+    )
+    model.__dict__[PLAN_ATTR] = plan
+    bind(all_configs(model), plan)
     model.set_attn_implementation(name)
-    state["spec"] = spec
-    state["native_sliding"] = native_sliding
     hybrid.remove(model)
-    state["live"] = None
+    model.__dict__[HYBRID_ATTR] = None
     if full_kv_heads is not None:
         _, layers = _decoder_layers(model, text_config(model).num_hidden_layers)
         modules = [next(m for m in layer.modules() if _dispatches_attention(m)) for layer in layers]
-        state["live"] = hybrid.install(modules, full_kv_heads, kv_heads_of(model))
+        model.__dict__[HYBRID_ATTR] = hybrid.install(modules, full_kv_heads, kv_heads_of(model))
     _install_hooks(model)
     model.__class__ = _context_class(type(model))
     return model
@@ -675,14 +669,16 @@ def _attention_name(cls: type, requested: str | None, current: str) -> str:
     return EAGER_NAME if base in ("eager", EAGER_NAME) else SDPA_NAME
 
 
-def _restore(model: PreTrainedModel, state: dict) -> None:
+def _restore(model: PreTrainedModel) -> None:
+    """Undo ``apply``: hooks, hybrid wrappers, the configs' plan, the attention implementation."""
+    plan = plan_of(model)
     for handle in _HOOKS.pop(model, []):
         handle.remove()
     hybrid.remove(model)
-    for cfg in all_configs(model):
-        cfg.__dict__.pop(PLAN_ATTR, None)
-    model.set_attn_implementation(state["impl"])
-    delattr(model, _STATE_ATTR)
+    unbind(all_configs(model))
+    model.set_attn_implementation(plan.restores)
+    model.__dict__.pop(PLAN_ATTR, None)
+    model.__dict__.pop(HYBRID_ATTR, None)
 
 
 def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
@@ -701,14 +697,14 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     if factory is not None:
         # Converted models (the linear baselines) bring their own constant-size cache.
         return factory()
-    state = getattr(model, _STATE_ATTR, None)
-    if not state:
+    plan = plan_of(model)
+    if plan is None:
         if static:
             raise ValueError("static=True needs a sink-window spec: sinkwindow.apply(model, 'swa:W:S') first")
         return DynamicCache(config=model.config)
-    spec: MethodSpec = state["spec"]
+    spec = plan.spec
     tcfg = text_config(model)
-    if state["native_sliding"] == "keep":
+    if plan.native_sliding == "keep":
         native = native_sliding_layers(tcfg)
         native_window = getattr(tcfg, "sliding_window", None)
     else:
@@ -727,7 +723,7 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     extra = {}
     if spec.is_hybrid:
         extra = {
-            "full_kv_heads": _full_kv_heads(model, spec, state["native_sliding"]),
+            "full_kv_heads": list(plan.full_kv_heads),
             "kv_heads": kv_heads_of(model),
         }
     cache = cls(
@@ -739,13 +735,13 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
         kind=spec.kind,
         **extra,
     )
-    cache.made_for = (str(spec), state["native_sliding"])
+    cache.made_for = plan.made_for
     ref = weakref.ref(model)
 
     def owner_active() -> bool:
         owner = ref()
-        st = getattr(owner, _STATE_ATTR, None) if owner is not None else None
-        return bool(st) and (str(st["spec"]), st["native_sliding"]) == cache.made_for
+        now = plan_of(owner) if owner is not None else None
+        return now is not None and now.made_for == cache.made_for
 
     cache.owner_active = owner_active
     return cache
@@ -777,8 +773,8 @@ def check_positions(model: PreTrainedModel, n: int) -> None:
     """
     limit = max_positions(model)
     if limit is not None and n > limit:
-        state = getattr(model, _STATE_ATTR, None)
-        spec = state["spec"] if state else None
+        plan = plan_of(model)
+        spec = plan.spec if plan else None
         alt = (
             f"{spec.kind}:{spec.window}:{spec.sinks}:cache"
             if spec is not None and spec.is_windowed
@@ -790,7 +786,7 @@ def check_positions(model: PreTrainedModel, n: int) -> None:
         )
 
 
-def _bounded_cache(model: PreTrainedModel, state: dict, cache, kwargs: dict):
+def _bounded_cache(model: PreTrainedModel, plan: AttentionPlan, cache, kwargs: dict):
     """The cache this forward must run on, so that SWA(w, s)'s memory bound always holds.
 
     - No cache (``use_cache`` not False): ``make_cache(model)``. So ``model(ids)`` returns a bounded cache,
@@ -800,8 +796,7 @@ def _bounded_cache(model: PreTrainedModel, state: dict, cache, kwargs: dict):
       (or, for Gemma-style sliding layers, drops the sinks).
     - A ``SinkWindowCache`` made under another spec or native-sliding policy: refused.
     """
-    spec: MethodSpec = state["spec"]
-    made_for = (str(spec), state["native_sliding"])
+    spec, made_for = plan.spec, plan.made_for
     if isinstance(cache, SinkWindowCache):
         if cache.made_for is not None and cache.made_for != made_for:
             raise ValueError(
@@ -837,9 +832,9 @@ def _plan_forward(module, args, kwargs):
     - ``positions="cache"``: ``position_ids`` are always the cache positions (any given are replaced),
       and a forward without a cache runs through a fresh one, since the positions live there.
     """
-    state = getattr(module, _STATE_ATTR, None)
+    plan = plan_of(module)
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if not state:
+    if plan is None:
         if isinstance(cache, SinkWindowCache):
             raise ValueError(
                 f"this model runs full attention, but the cache is a SinkWindowCache made for {cache.made_for[0]}: "
@@ -856,8 +851,10 @@ def _plan_forward(module, args, kwargs):
         raise ValueError("empty input: a forward needs at least one token (give a non-empty prompt)")
     mask = kwargs.get("attention_mask")
     _check_inputs(kwargs.get("input_ids", args[0] if args else None), mask, cache, x.shape[0])
-    spec: MethodSpec = state["spec"]
-    cache = _bounded_cache(module, state, cache, kwargs)
+    # A deep copy of a patched model carries its plan but not its configs' binding: bind them here.
+    bind(all_configs(module), plan)
+    spec = plan.spec
+    cache = _bounded_cache(module, plan, cache, kwargs)
     if not isinstance(cache, SinkWindowCache):
         padded = isinstance(mask, torch.Tensor) and mask.ndim == 2 and not bool(mask.all())
         if padded and kwargs.get("position_ids") is None:
@@ -865,14 +862,15 @@ def _plan_forward(module, args, kwargs):
         return args, kwargs
     if isinstance(mask, torch.Tensor) and mask.ndim != 2:
         raise ValueError("sinkwindow caches take a 2-D padding mask, not a prepared 4-D attention mask")
-    plan = cache.begin_step(q_len, mask, batch_size=x.shape[0], device=x.device)
-    if state.get("live") is not None:
-        state["live"].set(cache)
+    step = cache.begin_step(q_len, mask, batch_size=x.shape[0], device=x.device)
+    live = module.__dict__.get(HYBRID_ATTR)
+    if live is not None:
+        live.set(cache)
     if spec.positions == "absolute":
-        last = int(plan.next_pos.max()) if plan.next_pos is not None else plan.start + q_len
+        last = int(step.next_pos.max()) if step.next_pos is not None else step.start + q_len
         check_positions(module, last)
-    if plan.model_pos is not None and (spec.positions == "cache" or kwargs.get("position_ids") is None):
-        kwargs["position_ids"] = plan.model_pos.expand(x.shape[0], -1)
+    if step.model_pos is not None and (spec.positions == "cache" or kwargs.get("position_ids") is None):
+        kwargs["position_ids"] = step.model_pos.expand(x.shape[0], -1)
     return args, kwargs
 
 
@@ -899,7 +897,7 @@ def _close_forward(module, args, kwargs, output):
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if isinstance(cache, SinkWindowCache):
         cache.end_step()
-    state = getattr(module, _STATE_ATTR, None)
-    if state and state.get("live") is not None:
-        state["live"].set(None)
+    live = module.__dict__.get(HYBRID_ATTR)
+    if live is not None:
+        live.set(None)
     return None

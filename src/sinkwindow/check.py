@@ -417,6 +417,15 @@ def _cache_paths(
             f"tokens {prompt}..{length - 1} one a forward on the bounded cache",
         ),
     ]
+    results.append(_cache_entries_result(cache, spec, most, bounds, length))
+    return results, most, bounds
+
+
+def _cache_entries_result(
+    cache: SinkWindowCache, spec: MethodSpec, most: list[int], bounds: list[int], length: int
+) -> CheckResult:
+    """The bound check after ``length`` tokens: no layer ever held more than its bound (``most``, the
+    largest count seen per layer), every layer ends at it, and full KV heads hold every token."""
     final = cache.window_lengths()
     over = [i for i, (m, b) in enumerate(zip(most, bounds)) if m > b]
     short = [i for i, (f, b) in enumerate(zip(final, bounds)) if f != min(length, b)]
@@ -445,10 +454,7 @@ def _cache_paths(
         )
     else:
         status, why = "pass", f"every layer at its bound after {length} tokens"
-    results.append(
-        CheckResult("cache_entries", "cache entries per layer (max)", max(most), max(bounds), status, why)
-    )
-    return results, most, bounds
+    return CheckResult("cache_entries", "cache entries per layer (max)", max(most), max(bounds), status, why)
 
 
 def check_model(

@@ -186,6 +186,39 @@ def generate(
     Returns:
         ``[batch, n + max_new_tokens]`` (fewer columns if every row stopped early).
     """
+    _check_generate_args(model, input_ids, max_new_tokens, attention_mask, chunk_size, top_k, top_p,
+                         eos_token_id, pad_token_id)  # fmt: skip
+    static = static or compile
+    if cache is None:
+        cache = make_cache(model, static=static)
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    if pad_token_id is None:
+        pad_token_id = eos[0] if eos else 0
+    device = input_device(model)
+    input_ids = input_ids.to(device)
+    logits, cache = prefill(
+        model, input_ids, chunk_size=chunk_size, cache=cache, attention_mask=attention_mask, progress=progress
+    )
+    mask = None if attention_mask is None else attention_mask.to(device)
+    # A continued cache already holds earlier columns, which count as real (see prefill()).
+    if mask is not None and cache.get_seq_length() > mask.shape[1]:
+        mask = torch.cat([mask.new_ones((mask.shape[0], cache.get_seq_length() - mask.shape[1])), mask], 1)
+
+    def choose(step_logits: torch.Tensor) -> torch.Tensor:
+        return select_next(
+            step_logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            generator=generator,
+        )  # fmt: skip
+
+    step = DecodeStep(model, cache, compile=compile)
+    new = _decode_loop(step, logits, mask, max_new_tokens, choose, eos, pad_token_id, on_token)
+    return torch.cat([input_ids, *new], dim=1)
+
+
+def _check_generate_args(
+    model, input_ids, max_new_tokens, attention_mask, chunk_size, top_k, top_p, eos_token_id, pad_token_id
+) -> None:
+    """``generate``'s argument checks: one line naming the fix, before any compute."""
     check_token_ids(model, input_ids)
     _check_int("max_new_tokens", max_new_tokens)
     _check_int("chunk_size", chunk_size)
@@ -213,34 +246,26 @@ def generate(
             "right padding cannot be continued: a row's next token would follow its padding. Pad prompts on the "
             "left for generation (tokenizer.padding_side = 'left')"
         )
-    static = static or compile
-    if cache is None:
-        cache = make_cache(model, static=static)
-    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
-    if pad_token_id is None:
-        pad_token_id = eos[0] if eos else 0
-    device = input_device(model)
-    input_ids = input_ids.to(device)
-    logits, cache = prefill(
-        model, input_ids, chunk_size=chunk_size, cache=cache, attention_mask=attention_mask, progress=progress
-    )
-    step = DecodeStep(model, cache, compile=compile)
-    mask = None if attention_mask is None else attention_mask.to(device)
-    # A continued cache already holds earlier columns, which count as real (see prefill()).
-    if mask is not None and cache.get_seq_length() > mask.shape[1]:
-        mask = torch.cat([mask.new_ones((mask.shape[0], cache.get_seq_length() - mask.shape[1])), mask], 1)
-    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)
-    eos_t = torch.tensor(eos, device=device) if eos else None
-    out = [input_ids]
+
+
+def _decode_loop(
+    step: DecodeStep,
+    logits: torch.Tensor,
+    mask: torch.Tensor | None,
+    max_new_tokens: int,
+    choose: Callable[[torch.Tensor], torch.Tensor],
+    eos: list[int],
+    pad_token_id: int,
+    on_token: Callable[[int, torch.Tensor], None] | None,
+) -> list[torch.Tensor]:
+    """Decode after the prefill: ``logits`` ``[batch, vocab]`` of the last prompt token in, the new
+    tokens out as ``[batch, 1]`` columns (a row that emitted an eos id is padded from then on; the
+    loop stops when every row has)."""
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    eos_t = torch.tensor(eos, device=logits.device) if eos else None
+    out = []
     for i in range(max_new_tokens):
-        nxt = select_next(
-            logits,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            generator=generator,
-        )
+        nxt = choose(logits)
         nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
         out.append(nxt[:, None])
         if on_token is not None:
@@ -254,7 +279,7 @@ def generate(
         if mask is not None:
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         logits = step(nxt[:, None], mask)
-    return torch.cat(out, dim=1)
+    return out
 
 
 @torch.no_grad()

@@ -116,79 +116,89 @@ def measure_decode_interleaved(
     """
     if steps <= 0 or warmup < 0 or not contexts or min(contexts) <= 0:
         raise ValueError(f"need steps > 0, warmup >= 0, contexts > 0; got {steps}, {warmup}, {contexts}")
-    model = runner.model
-    device = next(model.parameters()).device
-    vocab = model.config.get_text_config(decoder=True).vocab_size
+    device = next(runner.model.parameters()).device
     states = []
     for context in contexts:
-        ids = random_ids(vocab, context, seed).to(device)
-        real = context <= real_prefill_max
-        mem = PeakMemory(device)
-        mem.__enter__()
-        synchronize(device)
-        t0 = time.perf_counter()
-        logits, cache = runner.prefill(ids, chunk_size) if real else runner.fill(ids, chunk_size)
-        synchronize(device)
-        fill_s = time.perf_counter() - t0
-        st = {
-            "context": context,
-            "real": real,
-            "fill_s": fill_s,
-            "cache": cache,
-            "token": logits.argmax(-1, keepdim=True),  # [batch, 1]
-            "kv_bytes": cache_nbytes(cache),
-            "lengths": cache_lengths(cache),
-            "seq_length": int(cache.get_seq_length()),
-            "mem": mem,
-            "times": [],
-        }
-        del logits, ids
+        st = _fill_state(runner, context, chunk_size, real_prefill_max, seed, device)
         for _ in range(warmup):
             _step(runner, st, device)
         if len(contexts) > 1:
-            mem.__exit__(None, None, None)
+            st["mem"].__exit__(None, None, None)
         states.append(st)
     for i in range(steps):
         for st in states if i % 2 == 0 else reversed(states):
             st["times"].append(_step(runner, st, device))
     if len(contexts) == 1:
         states[0]["mem"].__exit__(None, None, None)
-    rows = []
-    for st in states:
-        times, mem, context = st["times"], st["mem"], st["context"]
-        median_ms = 1e3 * statistics.median(times)
-        rows.append(
-            {
-                "kind": "decode",
-                "method": runner.name,
-                **runner.row_fields(),
-                "context": context,
-                "status": "ok",
-                "reason": None,
-                "steps": steps,
-                "warmup": warmup,
-                "protocol": "interleaved" if len(contexts) > 1 else "sequential",
-                "ms_per_token": median_ms,
-                "ms_per_token_mean": 1e3 * statistics.fmean(times),
-                "ms_per_token_min": 1e3 * min(times),
-                "tokens_per_s": 1e3 / median_ms,
-                "kv_bytes": st["kv_bytes"],
-                "kv_bytes_analytic": runner.analytic_bytes(context),
-                "kv_bytes_end": cache_nbytes(st["cache"]),
-                "kv_entries_per_layer": max(st["lengths"], default=0),
-                "seq_length": st["seq_length"],
-                "fill": "prefill" if st["real"] else "fill",
-                "fill_s": st["fill_s"],
-                "prefill_s": st["fill_s"] if st["real"] else None,
-                "chunk_size": runner.prefill_chunk(context, chunk_size),
-                "peak_rss_bytes": mem.peak_rss,
-                "rss_before_bytes": mem.rss_before,
-                "rss_scope": mem.rss_scope,
-                "cuda_peak_bytes": mem.cuda_peak,
-            }
-        )
+    protocol = "interleaved" if len(contexts) > 1 else "sequential"
+    rows = [_decode_row(runner, st, steps, warmup, protocol, chunk_size) for st in states]
     states.clear()
     return rows
+
+
+def _fill_state(
+    runner: MethodRunner, context: int, chunk_size: int, real_prefill_max: int, seed: int, device
+) -> dict:
+    """One context's decode state: its cache filled with ``context`` random tokens (a real prefill up
+    to ``real_prefill_max``, else the runner's fast fill), inside an entered ``PeakMemory`` block."""
+    vocab = runner.model.config.get_text_config(decoder=True).vocab_size
+    ids = random_ids(vocab, context, seed).to(device)
+    real = context <= real_prefill_max
+    mem = PeakMemory(device)
+    mem.__enter__()
+    synchronize(device)
+    t0 = time.perf_counter()
+    logits, cache = runner.prefill(ids, chunk_size) if real else runner.fill(ids, chunk_size)
+    synchronize(device)
+    fill_s = time.perf_counter() - t0
+    return {
+        "context": context,
+        "real": real,
+        "fill_s": fill_s,
+        "cache": cache,
+        "token": logits.argmax(-1, keepdim=True),  # [batch, 1]
+        "kv_bytes": cache_nbytes(cache),
+        "lengths": cache_lengths(cache),
+        "seq_length": int(cache.get_seq_length()),
+        "mem": mem,
+        "times": [],
+    }
+
+
+def _decode_row(
+    runner: MethodRunner, st: dict, steps: int, warmup: int, protocol: str, chunk_size: int
+) -> dict:
+    """The ``decode`` row of one context's state after its timed steps."""
+    times, mem, context = st["times"], st["mem"], st["context"]
+    median_ms = 1e3 * statistics.median(times)
+    return {
+        "kind": "decode",
+        "method": runner.name,
+        **runner.row_fields(),
+        "context": context,
+        "status": "ok",
+        "reason": None,
+        "steps": steps,
+        "warmup": warmup,
+        "protocol": protocol,
+        "ms_per_token": median_ms,
+        "ms_per_token_mean": 1e3 * statistics.fmean(times),
+        "ms_per_token_min": 1e3 * min(times),
+        "tokens_per_s": 1e3 / median_ms,
+        "kv_bytes": st["kv_bytes"],
+        "kv_bytes_analytic": runner.analytic_bytes(context),
+        "kv_bytes_end": cache_nbytes(st["cache"]),
+        "kv_entries_per_layer": max(st["lengths"], default=0),
+        "seq_length": st["seq_length"],
+        "fill": "prefill" if st["real"] else "fill",
+        "fill_s": st["fill_s"],
+        "prefill_s": st["fill_s"] if st["real"] else None,
+        "chunk_size": runner.prefill_chunk(context, chunk_size),
+        "peak_rss_bytes": mem.peak_rss,
+        "rss_before_bytes": mem.rss_before,
+        "rss_scope": mem.rss_scope,
+        "cuda_peak_bytes": mem.cuda_peak,
+    }
 
 
 def _step(runner: MethodRunner, st: dict, device: torch.device) -> float:

@@ -582,20 +582,7 @@ def generate_babilong(
             and sum(count.many([" " + f for f in sample.facts])) <= message
         )
 
-    subset: set[int] | None = None
-    if facts == "generated":
-        label, pool = "generator", _generated_pool(task, num_samples, seed, length, fits)
-    elif source is None or (isinstance(source, (str, Path)) and Path(source).is_dir()):
-        label, pool, subset = _real_pool(task, num_samples, source, length, fits, keep_context)
-    else:
-        label = str(source) if isinstance(source, (str, Path)) else "samples"
-        pool = [
-            s for s in _source_samples(task, source) if (keep_context and s.context is not None) or fits(s)
-        ]
-        if num_samples is not None and num_samples < len(pool):
-            chosen = sorted(np.random.default_rng([seed, 2]).choice(len(pool), num_samples, replace=False))
-            pool = [pool[int(i)] for i in chosen]
-
+    label, pool, subset = _fact_pool(task, num_samples, seed, source, facts, length, fits, keep_context)
     out = []
     for index, sample in enumerate(pool):
         if keep_context and sample.context is not None:
@@ -630,6 +617,23 @@ def generate_babilong(
         )
     logger.info("built %d BABILong %s samples at length %d", len(out), task, length)
     return out
+
+
+def _fact_pool(
+    task: str, num_samples: int | None, seed: int, source, facts: str, length: int, fits, keep_context: bool
+) -> tuple[str, list[BabiSample], set[int] | None]:
+    """``(source label, the bAbI samples to hide, BABILong's 100-question subset or None)`` from the
+    generator, the shipped files or a folder, or a file or list (a seeded subset of those that fit)."""
+    if facts == "generated":
+        return "generator", _generated_pool(task, num_samples, seed, length, fits), None
+    if source is None or (isinstance(source, (str, Path)) and Path(source).is_dir()):
+        return _real_pool(task, num_samples, source, length, fits, keep_context)
+    label = str(source) if isinstance(source, (str, Path)) else "samples"
+    pool = [s for s in _source_samples(task, source) if (keep_context and s.context is not None) or fits(s)]
+    if num_samples is not None and num_samples < len(pool):
+        chosen = sorted(np.random.default_rng([seed, 2]).choice(len(pool), num_samples, replace=False))
+        pool = [pool[int(i)] for i in chosen]
+    return label, pool, None
 
 
 def _generated_pool(task: str, num_samples: int | None, seed: int, length: int, fits) -> list[BabiSample]:

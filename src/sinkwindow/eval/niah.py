@@ -443,23 +443,13 @@ def generate_niah(
         config.type_haystack, tokenizer, count, builder.words if config.type_haystack == "essay" else ()
     )
     limit = length - tokens_to_generate
-    needle_v = config.type_needle_v
     # A haystack unit (word or noise line) costs at least about one token; the slack covers
     # tokenizers whose pieces span a space.
     upper = max(1, 2 * limit + 16)
     guess: int | None = None
     samples = []
     for index in range(num_samples):
-        # RULER's draw order: key, value, (needle shuffle: a no-op for one needle), depth or line,
-        # then the query choice.
-        key = _random_value(rng, config.type_needle_k)
-        value = _random_value(rng, needle_v)
-        needle = NEEDLE.format(type_needle_v=needle_v, key=key, value=value)
-        depth = rng.sample(DEPTHS, 1)[0] if config.type_haystack == "essay" else 0
-        if depths == "stratified" and config.type_haystack == "essay":
-            depth = _stratified(index, num_samples, DEPTHS)
-
-        draw = {"key": key, "needle": needle, "depth": depth}
+        draw, value = _draw_needle(rng, config, index, num_samples, depths)
         size_text = functools.partial(builder.text, **draw)
         if guess is None:
             guess = estimate.largest_within(limit - count(size_text(0)), upper)
@@ -477,7 +467,7 @@ def generate_niah(
             depth_pct = 100.0 * position / n
         else:
             position = builder.build(n, **draw)[1]
-            depth_pct = float(depth)
+            depth_pct = float(draw["depth"])
         rng.sample(range(1), 1)  # RULER: indices = random.sample(range(num_needle_k), num_needle_q)
         guess = n
         cut = text.rfind(ANSWER_PREFIX[:10])
@@ -492,8 +482,8 @@ def generate_niah(
                 outputs=[value],
                 max_new_tokens=tokens_to_generate,
                 n_prompt_tokens=n_tokens,
-                key=key,
-                needle=needle,
+                key=draw["key"],
+                needle=draw["needle"],
                 needle_position=position,
                 num_haystack=n,
                 metadata={"type_haystack": config.type_haystack, "seed": seed, "depths": depths}
@@ -502,6 +492,19 @@ def generate_niah(
         )
     logger.info("generated %d %s samples at length %d", len(samples), config.name, length)
     return samples
+
+
+def _draw_needle(rng: random.Random, config, index: int, num_samples: int, depths: str) -> tuple[dict, str]:
+    """One sample's needle in RULER's draw order: key, value, (the needle shuffle, a no-op for one
+    needle), then the depth for essay haystacks (a noise haystack draws its line once its size is
+    known). Returns ``({"key", "needle", "depth"}, value)``."""
+    key = _random_value(rng, config.type_needle_k)
+    value = _random_value(rng, config.type_needle_v)
+    needle = NEEDLE.format(type_needle_v=config.type_needle_v, key=key, value=value)
+    depth = rng.sample(DEPTHS, 1)[0] if config.type_haystack == "essay" else 0
+    if depths == "stratified" and config.type_haystack == "essay":
+        depth = _stratified(index, num_samples, DEPTHS)
+    return {"key": key, "needle": needle, "depth": depth}, value
 
 
 def _noise_haystack(builder: _Builder, draw: dict, n: int, line: int, count, limit: int, length: int):

@@ -198,6 +198,32 @@ def convert(
     """
     # A trained variant's name (@NAME) labels its tensors, not what is built.
     spec = parse_spec(spec).without_adapter
+    _check_convertible(model, spec)
+    if spec.kind == "swa":
+        return _convert_swa_lora(model, spec)
+    variant = LinearVariant(
+        kind=spec.kind,
+        window=spec.window,
+        feature_map=feature_map,
+        feature_dim=feature_dim,
+        init=init,
+        window_factor_init=float(window_factor_init),
+        affine=affine,
+        eps=eps,
+        mix=mix,
+        gate_normalizer=gate_normalizer,
+    )
+    mods = attention_modules(model)
+    rf = Retrofit(variant=variant, impl=model.config._attn_implementation, num_layers=len(mods))
+    if variant.kind == "liger":
+        _liger_ropes(model, rf, mods, spec)
+    else:
+        _add_feature_maps(model, mods, variant, seed)
+    return _install(model, rf, mods, spec, text_config(model).num_attention_heads)
+
+
+def _check_convertible(model: PreTrainedModel, spec: MethodSpec) -> None:
+    """Refuse a spec ``convert`` does not build, an unsupported model, or one converted or patched."""
     if not (spec.is_linear or _is_swa_lora(spec)):
         raise ValueError(
             f"convert() builds trained baselines ('linear', 'lolcats:W', 'liger:W', 'swa:W:S' for SWA + LoRA); "
@@ -212,59 +238,54 @@ def convert(
         raise ValueError(
             f"model is patched with {active_spec(model)}; restore it with sinkwindow.apply(model, 'full') first"
         )
-    if spec.kind == "swa":
-        # SWA + LoRA: the model's own attention under SWA(w, s); the record only carries the LoRA
-        # settings (``lora.add_lora``) and what ``revert`` must undo.
-        variant = LinearVariant("swa", window=spec.window, sinks=spec.sinks)
-        apply(model, spec)
-        rf = Retrofit(
-            variant=variant, impl=model.config._attn_implementation, num_layers=len(attention_modules(model))
-        )
-        setattr(model, RETROFIT_ATTR, rf)
-        logger.info("converted %s to %s + LoRA", type(model).__name__, spec)
-        return model
-    variant = LinearVariant(
-        kind=spec.kind,
-        window=spec.window,
-        feature_map=feature_map,
-        feature_dim=feature_dim,
-        init=init,
-        window_factor_init=float(window_factor_init),
-        affine=affine,
-        eps=eps,
-        mix=mix,
-        gate_normalizer=gate_normalizer,
+
+
+def _convert_swa_lora(model: PreTrainedModel, spec: MethodSpec) -> PreTrainedModel:
+    """SWA + LoRA: the model's own attention under SWA(w, s); the record only carries the LoRA
+    settings (``lora.add_lora``) and what ``revert`` must undo."""
+    variant = LinearVariant("swa", window=spec.window, sinks=spec.sinks)
+    apply(model, spec)
+    rf = Retrofit(
+        variant=variant, impl=model.config._attn_implementation, num_layers=len(attention_modules(model))
     )
-    cfg = text_config(model)
-    H = cfg.num_attention_heads
-    mods = attention_modules(model)
-    rf = Retrofit(variant=variant, impl=model.config._attn_implementation, num_layers=len(mods))
-    if variant.kind == "liger":
-        for attn in mods:
-            reason = _rope_convention_error(attn)
-            if reason:
-                raise ValueError(f"cannot convert to {spec}: {reason}")
-        try:
-            rf.ropes = rope_for_model(model, getattr(cfg, "layer_types", None))
-        except NotImplementedError as err:
-            logger.info(
-                "%s: no stock-cache fallback (%s); decode with sinkwindow.make_cache(model)", spec, err
-            )
-        return _install(model, rf, mods, spec, H)
+    setattr(model, RETROFIT_ATTR, rf)
+    logger.info("converted %s to %s + LoRA", type(model).__name__, spec)
+    return model
+
+
+def _liger_ropes(model: PreTrainedModel, rf: Retrofit, mods: list[nn.Module], spec: MethodSpec) -> None:
+    """Liger adds no parameters, but inverts the RoPE of its keys: refuse a convention it cannot invert,
+    and keep the rotary tables for the stock-cache fallback where the model has them."""
+    for attn in mods:
+        reason = _rope_convention_error(attn)
+        if reason:
+            raise ValueError(f"cannot convert to {spec}: {reason}")
+    try:
+        rf.ropes = rope_for_model(model, getattr(text_config(model), "layer_types", None))
+    except NotImplementedError as err:
+        logger.info("%s: no stock-cache fallback (%s); decode with sinkwindow.make_cache(model)", spec, err)
+
+
+def _add_feature_maps(
+    model: PreTrainedModel, mods: list[nn.Module], variant: LinearVariant, seed: int | None
+) -> None:
+    """Hedgehog feature maps on every attention module (and LoLCATs' window factors ω, ``[1, H, 1, 1]``)."""
+    H = text_config(model).num_attention_heads
     ref = next(model.parameters())
-    if seed is not None and init != "identity":
+    if seed is not None and variant.init != "identity":
         torch.manual_seed(seed)
     for attn in mods:
         D = attn.head_dim
-        fm = FEATURE_MAPS[variant.feature_map](H, D, feature_dim=feature_dim, init=init, device=ref.device)
+        fm = FEATURE_MAPS[variant.feature_map](
+            H, D, feature_dim=variant.feature_dim, init=variant.init, device=ref.device
+        )
         attn.feature_map_q = fm
         # LoLCATs deep-copies the query map: both start equal and train apart.
         attn.feature_map_k = copy.deepcopy(fm)
         if variant.kind == "lolcats":
             attn.window_factors = nn.Parameter(
-                torch.full((1, H, 1, 1), float(window_factor_init), device=ref.device)
+                torch.full((1, H, 1, 1), float(variant.window_factor_init), device=ref.device)
             )
-    return _install(model, rf, mods, spec, H)
 
 
 def _is_swa_lora(spec: MethodSpec) -> bool:

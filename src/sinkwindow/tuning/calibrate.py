@@ -325,35 +325,13 @@ def calibrate(
         model, prompts, bases, units, criteria, chunk_size=chunk_size, last_queries=last_queries,
         progress=progress,
     )  # fmt: skip
-    kv_heads = kv_geometry(model.config)[2]
-    tried: list[dict] = []
-    for b in bases:
-        scores = all_scores[str(b)]
-        steps: list[dict] = []
-        if select == "greedy":
-            chosen, steps = _greedy(model, b, units, scores, prompts, k, pool, chunk_size, progress)
-        else:
-            chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
-        spec = spec_with_units(b, chosen, kv_heads)
-        tried.append(
-            {"sinks": b.sinks, "base": b, "spec": spec, "chosen": chosen, "scores": scores, "steps": steps}
-        )
-    if len(tried) > 1:
-        try:
-            for t in tried:
-                t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None)
-        finally:
-            use_method(model, "full")
-        best = min(tried, key=lambda t: t["nll"])  # ties: the earlier (fewer) sinks
-    else:
-        best = tried[0]
-    base, chosen, spec, scores, steps = (
-        best["base"],
-        best["chosen"],
-        best["spec"],
-        best["scores"],
-        best["steps"],
-    )
+    tried = [
+        _choose_on_base(model, b, units, all_scores[str(b)], criterion, select, prompts, k, pool, chunk_size,
+                        progress)
+        for b in bases
+    ]  # fmt: skip
+    best = _best_sinks(model, tried, prompts, chunk_size)
+    base, chosen, spec, scores, steps = (best[key] for key in ("base", "chosen", "spec", "scores", "steps"))
     warnings = native_local_warnings(model.config, chosen, length)
     for w in warnings:
         logger.warning(w)
@@ -384,6 +362,39 @@ def calibrate(
         if len(tried) > 1
         else [],
     )
+
+
+def _choose_on_base(
+    model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress
+) -> dict:
+    """The K units kept full on one streaming base ``swa:W:S``: top-K by ``criterion``, or greedy."""
+    steps: list[dict] = []
+    if select == "greedy":
+        chosen, steps = _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress)
+    else:
+        chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
+    spec = spec_with_units(base, chosen, kv_geometry(model.config)[2])
+    return {
+        "sinks": base.sinks,
+        "base": base,
+        "spec": spec,
+        "chosen": chosen,
+        "scores": scores,
+        "steps": steps,
+    }
+
+
+def _best_sinks(model, tried: list[dict], prompts, chunk_size: int) -> dict:
+    """Of hybrids built on several sink counts, the one with the lowest answer NLL on the calibration
+    prompts (each gets ``"nll"``); ties go to the earlier (fewer) sinks. One hybrid: itself."""
+    if len(tried) == 1:
+        return tried[0]
+    try:
+        for t in tried:
+            t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None)
+    finally:
+        use_method(model, "full")
+    return min(tried, key=lambda t: t["nll"])
 
 
 def _sink_bases(base: MethodSpec, sinks: Sequence[int] | None) -> list[MethodSpec]:

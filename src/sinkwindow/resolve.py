@@ -58,8 +58,11 @@ def resolve_checkpoints(
     return methods, out
 
 
-def resolve_device(name: str) -> str:
-    """A concrete torch device for ``name``; ``auto`` picks cuda when present.
+def resolve_device(name: str | None) -> str:
+    """A concrete torch device for ``name``; ``auto`` (or ``None``) picks cuda when present.
+
+    The one device resolver: the commands and the lm-eval model (``--model_args device=...``) use it,
+    so an accelerator this machine lacks is refused everywhere rather than quietly run on the CPU.
 
     Raises:
         ValueError: an accelerator that this machine does not have.
@@ -68,7 +71,7 @@ def resolve_device(name: str) -> str:
 
     from .models import check_device
 
-    if name == "auto":
+    if name is None or name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         check_device(name)

@@ -28,7 +28,7 @@ except ImportError as err:  # the CLI's error handler turns the name into the pi
 
 from .constants import DEFAULT_MAX_BATCH_TOKENS, MODEL_NAME
 
-__all__ = ["SinkWindowLM", "register", "resolve_device", "resolve_dtype", "switch_method"]
+__all__ = ["SinkWindowLM", "register", "resolve_dtype", "switch_method"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +58,6 @@ def quiet_lm_eval_notices() -> None:
     hf_logger = logging.getLogger("lm_eval.models.huggingface")
     if _drop_loaded_model_notice not in hf_logger.filters:
         hf_logger.addFilter(_drop_loaded_model_notice)
-
-
-def resolve_device(device: str | None) -> str:
-    """``None``/``auto``: cuda when there is one; a CUDA device without CUDA falls back to cpu."""
-    import torch
-
-    if not device or device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        logger.warning("device %s requested but CUDA is not available: using cpu", device)
-        return "cpu"
-    return device
 
 
 def resolve_dtype(dtype: Any):
@@ -132,11 +120,14 @@ class SinkWindowLM(HFLM):
         **kwargs: Any,
     ) -> None:
         import sinkwindow
+        from sinkwindow import resolve
 
         del data_dir
         # The map decides where each layer goes; HFLM then feeds inputs to model.device.
         placement = (
-            {"device_map": device_map} if device_map is not None else {"device": resolve_device(device)}
+            {"device_map": device_map}
+            if device_map is not None
+            else {"device": resolve.resolve_device(device)}
         )
         method = str(sinkwindow.parse_spec(method or "full"))
         if isinstance(pretrained, str):

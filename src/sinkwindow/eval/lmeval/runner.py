@@ -435,8 +435,9 @@ def _make_pairs(config: LmEvalConfig, specs, plan, data_path, given, cache_dir: 
     import lm_eval
 
     import sinkwindow
+    from sinkwindow.resolve import resolve_device
 
-    from .model import resolve_device, resolve_dtype
+    from .model import resolve_dtype
 
     device, device_map = config.device, config.device_map
     if device_map is not None:

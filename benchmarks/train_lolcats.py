@@ -28,10 +28,6 @@ from sinkwindow.eval.runner import EvalConfig, run_eval
 from sinkwindow.train.cli import parse_tokens
 from sinkwindow.train.trainer import TrainConfig, train_baseline
 
-SHARED_ALPACA = (
-    Path(__file__).resolve().parents[2] / "shared/data/alpaca/alpaca_cleaned_partial_20230323.jsonl"
-)
-
 
 def summarize(rows: list[dict]) -> dict:
     """(method, task, length) -> mean score; perplexity pooled over windows (exp of total NLL / tokens)."""
@@ -52,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--method", default="lolcats:64")
-    p.add_argument("--data", default=str(SHARED_ALPACA) if SHARED_ALPACA.exists() else "essays")
+    # docs/data.md: the alpaca-cleaned JSONL the baselines train on; "essays" needs no download.
+    p.add_argument("--data", default="essays", help="training JSONL (docs/data.md), or 'essays'")
     p.add_argument("--out", default="runs/lolcats64-smollm2")
     p.add_argument("--transfer-tokens", type=parse_tokens, default=parse_tokens("64k"))
     p.add_argument("--finetune-tokens", type=parse_tokens, default=parse_tokens("64k"))

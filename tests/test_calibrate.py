@@ -534,3 +534,48 @@ def test_calibration_haystacks_share_no_text_with_evaluation_ones(pair):
 
     words = _rotated_at_sentence(essay_words(), 56_000)
     assert sorted(words) == sorted(essay_words()) and words[-1].endswith((".", "?", "!"))
+
+
+def _tiny_gemma3(vocab: int):
+    """Gemma 3 with local layers 0 and 2 (window 80) and global layers 1 and 3."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=80, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    )  # fmt: skip
+    model = Gemma3ForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+@pytest.mark.parametrize("criterion", ["nll", "gates"])
+def test_keep_calibrates_the_global_layers_under_the_policy_it_will_run(pair, prompts, criterion):
+    # Gemma 3 as its local layers were trained: they keep their window, the budget is on the globals.
+    model = _tiny_gemma3(len(pair[1]))
+    result = calibrate(model, pair[1], "swa:64:4", 2, by="head", criterion=criterion, samples=2, length=LENGTH,
+                       chunk_size=100, progress=False, native_sliding="keep")  # fmt: skip
+    assert result.units == ["1.0", "1.1", "3.0", "3.1"] and result.native_sliding == "keep"
+    assert {u.split(".")[0] for u in result.chosen} <= {"1", "3"} and not result.warnings
+    if criterion == "nll":
+        # The base NLL is the keep policy's (local layers on their window of 80), not override's.
+        apply(model, "swa:64:4", native_sliding="keep")
+        direct = sum(_direct_answer_nll(model, p) for p in prompts[:2]) / 2
+        apply(model, "full")
+        assert result.nll_base == pytest.approx(direct, abs=1e-4)
+    spec = parse_spec(result.spec)
+    apply(model, spec, native_sliding="keep")  # the chosen hybrid runs under the policy it was chosen for
+    apply(model, "full")
+    with pytest.raises(ValueError, match="no unit to keep full"):
+        calibrate(tiny_mistral(len(pair[1])), pair[1], "swa:64:4", 1, samples=1, length=LENGTH, progress=False,
+                  native_sliding="keep")  # fmt: skip
+
+
+def tiny_mistral(vocab: int):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=80)  # fmt: skip
+    return MistralForCausalLM(cfg).eval()

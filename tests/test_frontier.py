@@ -168,3 +168,30 @@ def test_a_folder_keeps_one_calibration_setting(pair, tmp_path):
     points = frontier(model, tok, CONTEXT, other, tmp_path, name="tiny", progress=False, new_run=True)
     assert [parse_spec(p.spec).sinks for p in points] == [4]
     assert any(p.name.startswith("previous-") for p in tmp_path.iterdir())
+
+
+def test_keep_puts_the_budget_on_the_global_layers(pair, tmp_path):
+    # Gemma 3's local layers keep their 80-token window at every point; W and the units act on globals.
+    from test_calibrate import _tiny_gemma3
+
+    model, tok = _tiny_gemma3(len(pair[1])), pair[1]
+    cfg = FrontierConfig(budgets=(0.5,), selections=("swa", "heads-nll"), sinks=(4,), stream_window=64, samples=1,
+                         calib_samples=1, native_sliding="keep")  # fmt: skip
+    points = frontier(model, tok, CONTEXT, cfg, tmp_path, name="tiny-gemma3", progress=False)
+    full = analytic_state_bytes(MethodSpec("full"), model.config, CONTEXT)
+    assert {p.selection for p in points} == {"swa", "heads-nll"}
+    for p in points:
+        spec = parse_spec(p.spec)
+        assert (
+            p.kv_bytes == analytic_state_bytes(spec, model.config, CONTEXT, native_sliding="keep") <= full / 2
+        )
+        if p.selection == "swa":
+            budget = int(0.5 * full)
+            assert spec.window == largest_window(model.config, CONTEXT, budget, 4, torch.float32, "keep")
+            # Under override the local layers would hold W - 1 keys too, more than their own 79: W fits less.
+            assert largest_window(model.config, CONTEXT, budget, 4, torch.float32) < spec.window
+        else:
+            assert {layer for layer, _ in spec.full_heads} | set(spec.full_layers) <= {1, 3}
+    ran = json.loads((tmp_path / "eval" / "config.json").read_text())
+    assert ran["native_sliding"] == "keep"
+    assert "native sliding layers kept" in (tmp_path / "frontier.md").read_text()

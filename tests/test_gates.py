@@ -65,3 +65,31 @@ def test_gates_refuse_a_spec_that_is_not_plain_swa():
         with pytest.raises(ValueError, match="plain swa:W:S"):
             train_gates(model, [_ids()], bad, steps=1)
     assert sinkwindow.active_spec(model).is_full
+
+
+@torch.no_grad()
+def test_gates_on_native_sliding_layers_run_as_the_model_does():
+    # Gemma 3: layers 0 and 1 slide natively (window 12), layer 2 is global; the prompt (30) is longer.
+    model = tiny_model("gemma3_text")
+    ids = _ids()
+    head = model.get_output_embeddings()
+    full = model(ids).logits.double()  # the unpatched model: local layers on their own window
+    at_one = head(gated_forward(model, ids, _alpha(model, 1.0), SPEC)).double()
+    torch.testing.assert_close(at_one, full, atol=2e-4, rtol=1e-4)
+    override = head(gated_forward(model, ids, _alpha(model, 0.0), SPEC)).double()
+    torch.testing.assert_close(override, reference_logits(model, ids, SPEC), atol=2e-4, rtol=1e-4)
+    # "keep": only the global layer is gated; at 0 it is apply(SPEC, native_sliding="keep").
+    keep = head(gated_forward(model, ids, {2: torch.zeros(model.config.num_key_value_heads)}, SPEC)).double()
+    want = reference_logits(model, ids, SPEC, native_sliding="keep")
+    torch.testing.assert_close(keep, want, atol=2e-4, rtol=1e-4)
+    assert (want - override).abs().max() > 1e-3 and (want - full).abs().max() > 1e-3
+
+
+def test_keep_trains_only_the_global_layers_gates():
+    model = tiny_model("gemma3_text")
+    result = train_gates(model, [_ids(seed=s) for s in range(2)], SPEC, steps=6, lr=0.1, l1=0.5,
+                         native_sliding="keep")  # fmt: skip
+    assert result.alpha[0] == result.alpha[1] == [1.0, 1.0]  # native layers: untouched, at init
+    assert min(result.alpha[2]) < 1.0
+    with pytest.raises(ValueError, match="no head to gate"):
+        train_gates(tiny_model("mistral"), [_ids()], SPEC, steps=1, native_sliding="keep")

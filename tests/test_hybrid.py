@@ -82,8 +82,9 @@ def test_units_the_model_lacks_are_refused_in_one_line():
         sinkwindow.apply(model, "swa:8:2+full:3")
     with pytest.raises(ValueError, match="2 KV heads"):
         sinkwindow.apply(model, "swa:8:2+full:0.2")
-    with pytest.raises(ValueError, match="native_sliding='override'"):
-        sinkwindow.apply(model, "swa:8:2+full:1", native_sliding="keep")
+    gemma = tiny_model("gemma3_text")  # layers 0 and 1 slide natively (window 12), layer 2 is global
+    with pytest.raises(ValueError, match=r"native sliding layer 0 full.*global layers \(2\)"):
+        sinkwindow.apply(gemma, "swa:8:2+full:0,2", native_sliding="keep")
     sinkwindow.apply(model, "swa:8:2+full:1")
     with pytest.raises(ValueError, match="static=True"):
         sinkwindow.make_cache(model, static=True)
@@ -138,6 +139,29 @@ def test_decoding_equals_the_reference_greedy(spec):
         # Plain transformers generate makes the bounded hybrid cache itself.
         hf = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
         assert torch.equal(hf, want)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("spec", ["swa:8:2+full:2", "swa:8:2+full:2.1", "swa:8:0+full:2.0"])
+def test_keep_hybrids_window_the_globals_and_leave_native_layers_alone(spec):
+    # Gemma 3 as the frontier runs it: local layers on their own window, the budget on the globals.
+    model = tiny_model("gemma3_text")
+    model.generation_config.eos_token_id = None
+    ids, mask = _ids(), _left_padding()
+    ref = reference_logits(model, ids, spec, native_sliding="keep", attention_mask=mask)
+    plain = reference_logits(model, ids, parse_spec(spec).base, native_sliding="keep", attention_mask=mask)
+    real = mask.bool()
+    assert (ref[real] - plain[real]).abs().max() > 1e-3  # the global units matter
+    with sinkwindow.apply(model, spec, native_sliding="keep"):
+        for chunk in (5, 64):
+            logits, cache = sinkwindow.prefill(
+                model, ids, chunk_size=chunk, attention_mask=mask, return_logits="all"
+            )
+            torch.testing.assert_close(logits.double()[real], ref[real], atol=2e-5, rtol=0)
+        per_layer = analytic_layer_bytes(parse_spec(spec), model.config, LENGTH, native_sliding="keep")
+        assert [cache_nbytes_layer(layer) for layer in cache.layers] == [b * 2 for b in per_layer]  # batch 2
+        want = reference_greedy(model, ids[:1, :20], spec, 8, native_sliding="keep")
+        assert torch.equal(sinkwindow.generate(model, ids[:1, :20], 8, chunk_size=6), want)
 
 
 @torch.no_grad()

@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decoder layers of the copy compared with the fp64 reference (default: 4, or up to the first "
         "layer of every layer type)",
     )
-    p.add_argument("--native-sliding", choices=("override", "keep"), default="override")
+    cli_args.add_native_sliding(p)
     cli_args.add_dtype(p)
     cli_args.add_device(p, None, shown="cpu")
     cli_args.add_device_map(p)

@@ -541,6 +541,21 @@ def add_chunk_size(
     )
 
 
+def add_native_sliding(
+    p: argparse.ArgumentParser,
+    *,
+    help: str = "SWA on models with native sliding layers (Gemma 3's local layers): every layer (override), "
+    "or the global layers only, the local ones keeping their own window (keep)",
+) -> None:
+    """``--native-sliding override|keep``: ``apply``'s ``native_sliding``."""
+    p.add_argument(
+        "--native-sliding",
+        choices=("override", "keep"),
+        default="override",
+        help=f"{help} (default: %(default)s)",
+    )
+
+
 THREADS_HELP = (
     "torch CPU threads (default: OMP_NUM_THREADS if set, else the cores other processes leave free, from a "
     "0.25 s sample of /proc/stat: one fewer per core they keep busy, at least 1; printed on stderr). On a "

@@ -634,14 +634,23 @@ def _full_kv_heads(
     """Per decoder layer, the KV heads a hybrid spec keeps full (``None`` for a spec without units)."""
     if not spec.is_hybrid:
         return None
-    if native_sliding != "override":
-        raise ValueError(
-            f"{spec} names its full-attention layers itself: use native_sliding='override' (the default), "
-            f"or the plain {spec.base} with native_sliding='keep'"
-        )
-    n_layers, kv_heads = text_config(model).num_hidden_layers, kv_heads_of(model)
+    tcfg = text_config(model)
+    n_layers, kv_heads = tcfg.num_hidden_layers, kv_heads_of(model)
     spec.check_units(n_layers, kv_heads)
-    return [spec.full_kv_heads(i, kv_heads) for i in range(n_layers)]
+    heads = [spec.full_kv_heads(i, kv_heads) for i in range(n_layers)]
+    if native_sliding == "keep":
+        # "keep" leaves native sliding layers on their own window, so only the global layers (SWA(w, s)
+        # under this spec) can be kept full: a local layer made full would see distances it never
+        # saw in training, which is what "keep" is there to avoid.
+        local = [i for i, is_native in enumerate(native_sliding_layers(tcfg)) if is_native and heads[i]]
+        if local:
+            globals_ = [i for i, is_native in enumerate(native_sliding_layers(tcfg)) if not is_native]
+            raise ValueError(
+                f"{spec} keeps native sliding layer{'s' if len(local) > 1 else ''} {', '.join(map(str, local))} "
+                f"full, but native_sliding='keep' leaves those on their own window: choose units among the "
+                f"global layers ({', '.join(map(str, globals_)) or 'none'}), or use native_sliding='override'"
+            )
+    return heads
 
 
 # What ``apply(attn_implementation=...)`` takes; anything else is refused rather than run as SDPA.

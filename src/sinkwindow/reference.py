@@ -250,13 +250,14 @@ def reference_greedy(
     spec: str | MethodSpec,
     max_new_tokens: int,
     attention_mask: torch.Tensor | None = None,
+    native_sliding: str = "override",
 ) -> torch.Tensor:
     """Greedy decoding by re-running the whole sequence each step (no cache). ``[batch, L + n]``.
 
     For ``evict`` the given ids are the dense prompt; with ``attention_mask`` (left padding) generated
     tokens count as real.
     """
-    ref = reference_model(model, spec)
+    ref = reference_model(model, spec, native_sliding)
     ids, mask, prompt = input_ids, attention_mask, input_ids.shape[1]
     for _ in range(max_new_tokens):
         nxt = _run(ref, ids, mask, prompt)[:, -1].argmax(-1, keepdim=True)

@@ -105,12 +105,7 @@ def _add_common(
     cli_args.add_checkpoint(p)
     cli_args.add_seed(p, 42)
     cli_args.add_chunk_size(p, 512)
-    p.add_argument(
-        "--native-sliding",
-        choices=["override", "keep"],
-        default="override",
-        help="SWA on models with native sliding layers: every layer, or global layers only",
-    )
+    cli_args.add_native_sliding(p)
     cli_args.add_device(p, None, shown="cpu")
     cli_args.add_device_map(p)
     cli_args.add_dtype(p, None, shown="float32")

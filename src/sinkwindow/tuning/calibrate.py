@@ -117,8 +117,13 @@ def score_units(
     chunk_size: int = 512,
     last_queries: int = LAST_QUERIES,
     progress: bool = False,
+    native_sliding: str = "override",
 ) -> dict[str, dict]:
     """Every criterion's per-unit scores for each base ``swa:W:S``; mass runs once for all bases.
+
+    ``native_sliding`` is the policy every hybrid will run under (``apply``'s): with ``"keep"`` the
+    NLLs and gates leave native sliding layers on their own window. (The mass is measured under full
+    attention, where those layers run their own window anyway.)
 
     Returns:
         ``{str(base): {"nll": [...], "mass": [...], "rank": [...], "nll_base": float}}`` with the
@@ -156,7 +161,9 @@ def score_units(
                 ]
         if "nll" in need:
             for b in bases:
-                ref, gains = nll_scores(model, b, prompts, units, chunk_size=chunk_size, bar=bar)
+                ref, gains = nll_scores(
+                    model, b, prompts, units, chunk_size=chunk_size, bar=bar, native_sliding=native_sliding
+                )
                 out[str(b)]["nll"] = gains
                 out[str(b)]["nll_base"] = ref
         if "rank" in need:
@@ -168,7 +175,7 @@ def score_units(
             use_method(model, "full")  # the gates mix the frozen model's own full attention with SWA
             sequences = [torch.cat([p.input_ids, p.answer_ids], dim=1) for p in prompts]
             for b in bases:
-                trained = train_gates(model, sequences, b, steps=GATE_STEPS)
+                trained = train_gates(model, sequences, b, steps=GATE_STEPS, native_sliding=native_sliding)
                 out[str(b)]["gates"] = trained.scores(units)
                 out[str(b)]["gate_losses"] = trained.losses
     finally:
@@ -218,6 +225,8 @@ class CalibrationResult:
     gate_losses: list[dict] = field(default_factory=list)
     # With several sink counts asked: each one's hybrid and its answer NLL (the lowest was kept).
     sinks_tried: list[dict] = field(default_factory=list)
+    # The policy the hybrid runs under (apply's native_sliding): "keep" chose among global layers only.
+    native_sliding: str = "override"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -287,6 +296,7 @@ def calibrate(
     select: str = "top",
     pool: int | None = None,
     sinks: Sequence[int] | None = None,
+    native_sliding: str = "override",
 ) -> CalibrationResult:
     """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
 
@@ -307,6 +317,9 @@ def calibrate(
             streaming heads keep 64): each gives the base ``swa:W:S`` at the same KV bytes, since the
             sinks are among the W slots. Units are chosen on each base, and the hybrid whose answer
             NLL on the calibration prompts is lowest is kept (``sinks_tried`` records every one).
+        native_sliding: the policy the hybrid will run under (``apply``'s). ``"keep"`` (Gemma 3 as
+            its local layers were trained) leaves native sliding layers on their own window and
+            scores only the global layers' units; apply the result with the same policy.
 
     Returns:
         A :class:`CalibrationResult`; the model is left in full attention.
@@ -315,7 +328,9 @@ def calibrate(
         ValueError: not a plain swa spec, K out of range, an evaluation seed, or prompts that fit
             inside the window (where full attention changes nothing).
     """
-    base, units, pool = _check_calibration(model, method, k, by, criterion, seed, length, select, pool)
+    base, units, pool = _check_calibration(
+        model, method, k, by, criterion, seed, length, select, pool, native_sliding
+    )
     bases = _sink_bases(base, sinks)
     t0 = time.perf_counter()
     prompts = calibration_prompts(tokenizer, samples, length, seed)
@@ -323,14 +338,14 @@ def calibrate(
     criteria = [criterion] if criterion in ("mass", "rank") else [criterion, "mass"]
     all_scores = score_units(
         model, prompts, bases, units, criteria, chunk_size=chunk_size, last_queries=last_queries,
-        progress=progress,
+        progress=progress, native_sliding=native_sliding,
     )  # fmt: skip
     tried = [
         _choose_on_base(model, b, units, all_scores[str(b)], criterion, select, prompts, k, pool, chunk_size,
-                        progress)
+                        progress, native_sliding)
         for b in bases
     ]  # fmt: skip
-    best = _best_sinks(model, tried, prompts, chunk_size)
+    best = _best_sinks(model, tried, prompts, chunk_size, native_sliding)
     base, chosen, spec, scores, steps = (best[key] for key in ("base", "chosen", "spec", "scores", "steps"))
     warnings = native_local_warnings(model.config, chosen, length)
     for w in warnings:
@@ -361,16 +376,19 @@ def calibrate(
         sinks_tried=[{"sinks": t["sinks"], "spec": str(t["spec"]), "nll": t.get("nll")} for t in tried]
         if len(tried) > 1
         else [],
+        native_sliding=native_sliding,
     )
 
 
 def _choose_on_base(
-    model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress
+    model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress, native_sliding
 ) -> dict:
     """The K units kept full on one streaming base ``swa:W:S``: top-K by ``criterion``, or greedy."""
     steps: list[dict] = []
     if select == "greedy":
-        chosen, steps = _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress)
+        chosen, steps = _greedy(
+            model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding
+        )
     else:
         chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
     spec = spec_with_units(base, chosen, kv_geometry(model.config)[2])
@@ -384,14 +402,14 @@ def _choose_on_base(
     }
 
 
-def _best_sinks(model, tried: list[dict], prompts, chunk_size: int) -> dict:
+def _best_sinks(model, tried: list[dict], prompts, chunk_size: int, native_sliding: str) -> dict:
     """Of hybrids built on several sink counts, the one with the lowest answer NLL on the calibration
     prompts (each gets ``"nll"``); ties go to the earlier (fewer) sinks. One hybrid: itself."""
     if len(tried) == 1:
         return tried[0]
     try:
         for t in tried:
-            t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None)
+            t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None, native_sliding)
     finally:
         use_method(model, "full")
     return min(tried, key=lambda t: t["nll"])
@@ -411,13 +429,20 @@ def _sink_bases(base: MethodSpec, sinks: Sequence[int] | None) -> list[MethodSpe
     return out
 
 
-def _check_calibration(model, method, k, by, criterion, seed, length, select, pool):
+def _check_calibration(model, method, k, by, criterion, seed, length, select, pool, native_sliding):
     """``(base spec, units, greedy's pool)``, after refusing what no calibration can run, each with the fix."""
     base = check_base_spec(method)
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
     check_calibration_seed(seed)
-    units = model_units(model.config, by)
+    if native_sliding not in ("override", "keep"):
+        raise ValueError(f"native_sliding must be 'override' or 'keep', got {native_sliding!r}")
+    units = model_units(model.config, by, native_sliding)
+    if not units:
+        raise ValueError(
+            "every layer slides natively, so under native_sliding='keep' there is no unit to keep full: "
+            "use native_sliding='override'"
+        )
     if not 0 <= k <= len(units):
         what = "layers" if by == "layer" else "KV heads"
         raise ValueError(f"K={k} is more than the model's {len(units)} {what}: give K from 1 to {len(units)}")
@@ -441,7 +466,7 @@ def _check_calibration(model, method, k, by, criterion, seed, length, select, po
     return base, units, pool
 
 
-def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress):
+def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding):
     """``(chosen units, steps)`` of greedy selection over the ``pool`` best single units by NLL."""
     candidates = select_units(units, scores["nll"], pool)
     ref = scores["nll_base"]
@@ -453,7 +478,8 @@ def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress):
         bar = tqdm(total=greedy_runs(pool, k) * len(prompts), desc="greedy", unit="prompt")
     try:
         return greedy_select(
-            candidates, k, lambda kept: mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar),
+            candidates, k,
+            lambda kept: mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar, native_sliding),
             first=first,
         )  # fmt: skip
     finally:

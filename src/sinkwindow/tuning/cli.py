@@ -103,6 +103,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
             seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
             progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool, sinks=args.sinks,
+            native_sliding=args.native_sliding,
         )  # fmt: skip
         paths = write_calibration(result, args.out)
     print(result.table())
@@ -115,11 +116,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         )
     for i, step in enumerate(result.steps, start=1):
         print(f"greedy step {i}: +{step['added']}  answer NLL {step['nll']:.4f} (base {result.nll_base:.4f})")
-    print(f"spec: {result.spec}  ({result.seconds:.1f}s; {paths['json']})")
+    keep = " with --native-sliding keep" if result.native_sliding == "keep" else ""
+    print(f"spec: {result.spec}{keep}  ({result.seconds:.1f}s; {paths['json']})")
     print(
         json.dumps(
             {
                 "spec": result.spec,
+                "native_sliding": result.native_sliding,
                 "chosen": result.chosen,
                 "criterion": result.criterion,
                 "select": result.select,
@@ -233,7 +236,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     config = FrontierConfig(
         budgets=args.budgets, selections=args.selections or SELECTIONS, sinks=args.sinks, stream_window=args.stream_window,
         samples=args.samples, calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
-        chunk_size=args.chunk_size,
+        chunk_size=args.chunk_size, native_sliding=args.native_sliding,
     )  # fmt: skip
     with RunLock(check_run_dir(args.out)):
         model, tok = _load(args)
@@ -279,6 +282,8 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calib-length", type=cli_args.size(CALIBRATE_MIN_LENGTH, what="--calib-length"), default=None,
                    help="their token budget (default: --context)")  # fmt: skip
     _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")
+    cli_args.add_native_sliding(p, help="every spec's policy on native sliding layers: keep (Gemma 3's local layers on "
+                                "their own window; the budget question is on the globals) or override")  # fmt: skip
     cli_args.add_out(p, "runs/frontier", help="run folder (resumes if it exists)")
     p.add_argument("--new-run", action="store_true",
                    help="start over in --out: its calibrations and rows are moved aside, not mixed with the new ones")  # fmt: skip
@@ -346,6 +351,8 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--last-queries", type=cli_args.integer(1, what="--last-queries"), default=64,
                    help="query positions at the prompt's end the mass averages over (default: %(default)s)")  # fmt: skip
     _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")
+    cli_args.add_native_sliding(p, help="the policy the hybrid runs under; keep scores only the global layers' units "
+                                "(apply the spec with --native-sliding keep too)")  # fmt: skip
     cli_args.add_out(p, "runs/calibrate", help="folder for calibrate.json and calibrate.png")
     _add_runtime(p)
     p.set_defaults(func=_cmd_calibrate)

@@ -15,6 +15,11 @@ the eval runner (one resumable run folder, ``OUT/eval``), so recovery is paired 
 samples. Each point records its calibration cost in CPU-minutes (this process's CPU time).
 Calibrations are kept in ``OUT/calibration/`` and a rerun reuses them and the rows already there.
 
+With ``native_sliding="keep"`` (Gemma 3 as its local layers were trained) every spec leaves the
+native sliding layers on their own window: their bytes are the same at every point, SWA's W and the
+hybrids' full units act on the global layers only, and the budget is still a fraction of the whole
+model's full-attention KV.
+
     OUT/frontier.json   every point: budget, selection, spec, KV bytes, recovery [95%], n, p vs full
     OUT/frontier.md     the table
     OUT/frontier.png    KV bytes (fraction of full) against S-NIAH recovery, intervals, Pareto front
@@ -72,6 +77,8 @@ class FrontierConfig:
         stream_window: W of the streaming side of the hybrids (DuoAttention: 64 sinks + 256 recent).
         samples: held-out samples per S-NIAH task (on the evaluation seed ``eval_seed``).
         calib_samples / calib_length: calibration prompts and their length (default: the context).
+        native_sliding: ``apply``'s policy for every spec: ``"keep"`` leaves native sliding layers
+            on their own window and puts the budget question on the global layers.
     """
 
     budgets: Sequence[float] = (0.125, 0.25, 0.5)
@@ -84,6 +91,7 @@ class FrontierConfig:
     seed: int = CAL_SEED
     eval_seed: int = 42
     chunk_size: int = 512
+    native_sliding: str = "override"
 
 
 @dataclass
@@ -104,32 +112,38 @@ class FrontierPoint:
     p_vs_full: float | None = None
 
 
-def largest_window(config, context: int, budget: int, sinks: int, dtype) -> int | None:
+def largest_window(
+    config, context: int, budget: int, sinks: int, dtype, native_sliding: str = "override"
+) -> int | None:
     """The largest W whose ``swa:W:sinks`` cache fits ``budget`` bytes at ``context``, or ``None``."""
+
+    def cost(w: int) -> int:
+        spec = parse_spec(f"swa:{w}:{sinks}")
+        return analytic_state_bytes(spec, config, context, dtype=dtype, native_sliding=native_sliding)
+
     lo, hi = sinks + 1, context
-    if analytic_state_bytes(parse_spec(f"swa:{lo}:{sinks}"), config, context, dtype=dtype) > budget:
+    if cost(lo) > budget:
         return None
     while lo < hi:  # bytes grow with W: the largest that fits
         mid = (lo + hi + 1) // 2
-        fits = analytic_state_bytes(parse_spec(f"swa:{mid}:{sinks}"), config, context, dtype=dtype) <= budget
-        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid - 1)
     return lo
 
 
-def max_units(base: MethodSpec, config, by: str, context: int, budget: int, dtype) -> int:
+def max_units(
+    base: MethodSpec, config, by: str, context: int, budget: int, dtype, native_sliding: str = "override"
+) -> int:
     """How many units (layers or KV heads) can be full on top of ``base`` within ``budget`` bytes.
 
-    Units of one kind cost the same on a model whose layers are all alike, so the first K stand for
-    any K; -1 when ``base`` alone does not fit.
+    Units of one kind cost the same on a model whose (global) layers are all alike, so the first K
+    stand for any K; -1 when ``base`` alone does not fit.
     """
-    units = model_units(config, by)
+    units = model_units(config, by, native_sliding)
     kv_heads = None  # never merge heads into layers here: a merged layer costs the same bytes
     k = -1
     for n in range(len(units) + 1):
-        if (
-            analytic_state_bytes(spec_with_units(base, units[:n], kv_heads), config, context, dtype=dtype)
-            > budget
-        ):
+        spec = spec_with_units(base, units[:n], kv_heads)
+        if analytic_state_bytes(spec, config, context, dtype=dtype, native_sliding=native_sliding) > budget:
             break
         k = n
     return k
@@ -155,6 +169,8 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     unknown = [s for s in cfg.selections if s not in SELECTIONS]
     if unknown:
         raise ValueError(f"unknown selection(s) {unknown}: choose from {', '.join(SELECTIONS)}")
+    if cfg.native_sliding not in ("override", "keep"):
+        raise ValueError(f"native_sliding must be 'override' or 'keep', got {cfg.native_sliding!r}")
     if not all(0 < b <= 1 for b in cfg.budgets):
         raise ValueError(
             f"budgets are fractions of full attention's KV bytes in (0, 1], got {list(cfg.budgets)}"
@@ -179,7 +195,7 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     use_method(model, "full")
     specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
     ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
-                    seed=cfg.eval_seed, chunk_size=cfg.chunk_size)  # fmt: skip
+                    seed=cfg.eval_seed, chunk_size=cfg.chunk_size, native_sliding=cfg.native_sliding)  # fmt: skip
     store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress)
     measure_points(points, store.rows(), context, full_bytes)
     write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
@@ -190,7 +206,8 @@ def _settings(cfg: FrontierConfig, name: str, context: int, model) -> dict:
     """What a point's calibration depends on (budgets, selections and samples only add points or rows)."""
     return {"model": name, "context": context, "sinks": sorted(set(cfg.sinks)), "stream_window": cfg.stream_window,
             "calib_samples": cfg.calib_samples, "calib_length": cfg.calib_length or context, "seed": cfg.seed,
-            "chunk_size": cfg.chunk_size, "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+            "chunk_size": cfg.chunk_size, "dtype": str(model.dtype).removeprefix("torch."),
+            "native_sliding": cfg.native_sliding}  # fmt: skip
 
 
 def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
@@ -220,17 +237,17 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
     if path.exists():
         return FrontierPoint(**json.loads(path.read_text()))
     t0 = time.process_time()
-    dtype = model.dtype
+    dtype, policy = model.dtype, cfg.native_sliding
     if selection == "swa":
         specs = []
         for s in cfg.sinks:
-            w = largest_window(model.config, context, budget_bytes, s, dtype)
+            w = largest_window(model.config, context, budget_bytes, s, dtype, policy)
             if w is not None:
                 specs.append(parse_spec(f"swa:{w}:{s}"))
         if not specs:
             return None
         try:
-            nll = {str(sp): mean_nll(model, sp, prompts(), cfg.chunk_size, None) for sp in specs}
+            nll = {str(sp): mean_nll(model, sp, prompts(), cfg.chunk_size, None, policy) for sp in specs}
         finally:
             use_method(model, "full")
         spec = min(specs, key=lambda sp: nll[str(sp)])
@@ -243,14 +260,15 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
                 f"give --sinks below --stream-window"
             )
         base = parse_spec(f"swa:{cfg.stream_window}:{sinks[0]}")
-        k = max_units(base, model.config, by, context, budget_bytes, dtype)
+        k = max_units(base, model.config, by, context, budget_bytes, dtype, policy)
         if k < 1:
             return None
         res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=cfg.calib_samples,
                         length=cfg.calib_length or context, seed=cfg.seed,
-                        chunk_size=cfg.chunk_size, progress=False, select=select, sinks=sinks)  # fmt: skip
+                        chunk_size=cfg.chunk_size, progress=False, select=select, sinks=sinks,
+                        native_sliding=policy)  # fmt: skip
         spec = parse_spec(res.spec)
-    kv = analytic_state_bytes(spec, model.config, context, dtype=dtype)
+    kv = analytic_state_bytes(spec, model.config, context, dtype=dtype, native_sliding=policy)
     assert kv <= budget_bytes, f"{spec} costs {kv} bytes, over the budget of {budget_bytes}"
     point = FrontierPoint(budget, selection, str(spec), kv, 0.0, round((time.process_time() - t0) / 60, 2))
     path.write_text(json.dumps(asdict(point), indent=2))
@@ -293,7 +311,8 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
               "points": [asdict(p) for p in points]}  # fmt: skip
     (out / "frontier.json").write_text(json.dumps(record, indent=2, default=list))
     lines = [
-        f"# KV-budget frontier: {model} at {context} tokens",
+        f"# KV-budget frontier: {model} at {context} tokens"
+        + (" (native sliding layers kept on their own window)" if config.native_sliding == "keep" else ""),
         "",
         "S-NIAH-1/2/3 average recovery vs full attention (paired over the same samples, 95% bootstrap "
         "interval), p of the exact paired sign test against full attention, calibration cost in CPU-minutes.",
@@ -350,7 +369,8 @@ def _plot(points: list[FrontierPoint], path: Path, model: str, context: int) -> 
     ax.set_xlabel("KV bytes, % of full attention's")
     ax.set_ylabel("S-NIAH recovery vs full, %")
     ax.set_title(f"{model} at {context} tokens")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # nothing measured (no recovery): no legend to draw
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -12,6 +12,11 @@ transformers' own SDPA function, and each query head's output is ``α·full + (1
 α of its KV head. So α = 0 everywhere is SWA(w, s) and α = 1 is full attention (tested), and the
 cost is two attentions per layer on prompts of a few thousand tokens: calibration, not serving.
 
+A layer with its own sliding window (Gemma 3's local layers) runs as the model runs it: its "full"
+side is its native window (what the unpatched model computes), and under ``native_sliding="keep"``
+it is not gated at all (it keeps that window, as ``apply(..., native_sliding="keep")`` leaves it),
+so only the global layers' heads get gates.
+
 :func:`train_gates` returns α per ``(layer, kv_head)``; ``calibrate --criterion gates`` ranks heads by
 it. Calibration prompts come from ``prompts.calibration_prompts`` (a seed no evaluation uses).
 """
@@ -27,7 +32,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..memory import kv_geometry
+from ..memory import kv_geometry, native_windows
 from ..reference import reference_mask
 from ..spec import MethodSpec, parse_spec
 
@@ -40,20 +45,20 @@ GATES_NAME = "sinkwindow_gates"
 
 @dataclass
 class _GateState:
-    """What the gated attention reads during a forward: α per layer ``[kv_heads]`` and the SWA shape."""
+    """What the gated attention reads during a forward: α per gated layer ``[kv_heads]``, the SWA
+    shape, and each layer's native window (``None``: a global layer)."""
 
     alpha: dict[int, torch.Tensor]
     window: int
     sinks: int
+    native: list[int | None]
     masks: dict = field(default_factory=dict)
 
-    def mask(self, q_len: int, k_len: int, device, kind: str) -> torch.Tensor:
-        key = (q_len, k_len, str(device), kind)
+    def mask(self, k_len: int, device, window: int | None, sinks: int) -> torch.Tensor:
+        """``[1, 1, k_len, k_len]`` bool: causal (``window=None``) or SWA(window, sinks)."""
+        key = (k_len, str(device), window, sinks)
         if key not in self.masks:
-            if q_len != k_len:
-                raise ValueError("the gated forward runs whole prompts without a cache (q_len == k_len)")
-            window = None if kind == "full" else self.window
-            self.masks[key] = reference_mask(k_len, window, self.sinks).to(device)[None, None]
+            self.masks[key] = reference_mask(k_len, window, sinks).to(device)[None, None]
         return self.masks[key]
 
 
@@ -70,13 +75,21 @@ def gated_attention(module, query, key, value, attention_mask, **kwargs):
     if state is None:
         raise RuntimeError("the gated attention runs only inside gated_forward()")
     n, m = query.shape[-2], key.shape[-2]
+    if n != m:
+        raise ValueError("the gated forward runs whole prompts without a cache (q_len == k_len)")
+    kwargs.pop("sliding_window", None)  # the masks below carry every window
+    layer = module.layer_idx
+    native = state.native[layer]
+    # The unpatched model's own attention: causal, or a local layer's native window SWA(w_native, 0).
     full, _ = sdpa_attention_forward(
-        module, query, key, value, state.mask(n, m, query.device, "full"), **kwargs
+        module, query, key, value, state.mask(m, query.device, native, 0), **kwargs
     )
+    if layer not in state.alpha:  # a native layer under "keep": not gated, it keeps its window
+        return full, None
     swa, _ = sdpa_attention_forward(
-        module, query, key, value, state.mask(n, m, query.device, "swa"), **kwargs
+        module, query, key, value, state.mask(m, query.device, state.window, state.sinks), **kwargs
     )
-    alpha = state.alpha[module.layer_idx]  # [kv_heads]
+    alpha = state.alpha[layer]  # [kv_heads]
     per_query = alpha.repeat_interleave(query.shape[1] // alpha.shape[0]).to(full.dtype)  # [H]
     a = per_query[None, None, :, None]
     return a * full + (1 - a) * swa, None
@@ -87,13 +100,14 @@ AttentionInterface.register(GATES_NAME, gated_attention)
 
 def gated_forward(model: PreTrainedModel, input_ids: torch.Tensor, alpha: dict[int, torch.Tensor],
                   spec: MethodSpec | str) -> torch.Tensor:  # fmt: skip
-    """Last hidden states ``[1, n, hidden]`` of ``model`` (unpatched, full attention) with every
-    layer's attention gated by ``alpha[layer] [kv_heads]`` between full and ``spec``'s SWA(w, s)."""
+    """Last hidden states ``[1, n, hidden]`` of ``model`` (unpatched, full attention) with each layer
+    of ``alpha`` gated by ``alpha[layer] [kv_heads]`` between the model's own attention and ``spec``'s
+    SWA(w, s); a layer missing from ``alpha`` (a native sliding layer under "keep") runs as it is."""
     global _STATE
     spec = parse_spec(spec) if isinstance(spec, str) else spec
     configs = {id(c): c for c in (model.config, model.config.get_text_config(decoder=True))}.values()
     before = [c._attn_implementation for c in configs]
-    _STATE = _GateState(alpha, spec.window, spec.sinks)
+    _STATE = _GateState(alpha, spec.window, spec.sinks, native_windows(model.config))
     try:
         for c in configs:
             c._attn_implementation = GATES_NAME
@@ -131,6 +145,7 @@ def train_gates(
     init: float = 1.0,
     seed: int = 0,
     progress: bool = False,
+    native_sliding: str = "override",
 ) -> GateResult:
     """Optimise one gate per KV head on the frozen ``model`` (unpatched: full attention).
 
@@ -141,6 +156,9 @@ def train_gates(
     Args:
         prompts: token ids ``[1, n]`` (calibration prompts; none an evaluation uses).
         spec: the streaming side, a plain ``swa:W:S``.
+        native_sliding: ``"keep"`` leaves native sliding layers ungated on their own window (their
+            α stay at ``init`` and count in no loss), as ``apply`` leaves them; ``"override"`` gates
+            every layer.
     """
     spec = parse_spec(spec) if isinstance(spec, str) else spec
     if spec.kind != "swa" or spec.is_hybrid or spec.window is None:
@@ -149,7 +167,11 @@ def train_gates(
         raise ValueError("give at least one calibration prompt")
     torch.manual_seed(seed)
     n_layers, _, kv_heads, _ = kv_geometry(model.config)
-    alpha = {i: torch.full((kv_heads,), float(init), requires_grad=True) for i in range(n_layers)}
+    native = native_windows(model.config)
+    gated = [i for i in range(n_layers) if native_sliding != "keep" or native[i] is None]
+    if not gated:
+        raise ValueError("every layer slides natively: under native_sliding='keep' there is no head to gate")
+    alpha = {i: torch.full((kv_heads,), float(init), requires_grad=True) for i in gated}
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)
@@ -185,4 +207,6 @@ def train_gates(
             bar.close()
         for p in params:
             p.requires_grad_(True)
-    return GateResult([a.detach().tolist() for a in alpha.values()], losses)
+    # Ungated layers report their α at init, so every layer has a row.
+    rows = [alpha[i].detach().tolist() if i in alpha else [float(init)] * kv_heads for i in range(n_layers)]
+    return GateResult(rows, losses)

@@ -38,8 +38,16 @@ def answer_nll(model, prompt: CalibrationPrompt, chunk_size: int = 512) -> float
     return float(-lp.gather(-1, answer[0].to(lp.device)[:, None]).mean())
 
 
-def mean_nll(model, spec: MethodSpec, prompts: Sequence[CalibrationPrompt], chunk_size: int, bar) -> float:
-    use_method(model, spec)
+def mean_nll(
+    model,
+    spec: MethodSpec,
+    prompts: Sequence[CalibrationPrompt],
+    chunk_size: int,
+    bar,
+    native_sliding: str = "override",
+) -> float:
+    """Mean of ``answer_nll`` over ``prompts`` with ``model`` put into ``spec`` (left there)."""
+    use_method(model, spec, native_sliding=native_sliding)
     total = 0.0
     for p in prompts:
         total += answer_nll(model, p, chunk_size)
@@ -56,6 +64,7 @@ def nll_scores(
     *,
     chunk_size: int = 512,
     bar=None,
+    native_sliding: str = "override",
 ) -> tuple[float, list[float]]:
     """NLL gain of each unit kept full alone: ``nll(base) - nll(base+full:unit)``.
 
@@ -66,8 +75,11 @@ def nll_scores(
     """
     base = check_base_spec(base)
     try:
-        ref = mean_nll(model, base, prompts, chunk_size, bar)
-        gains = [ref - mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar) for u in units]
+        ref = mean_nll(model, base, prompts, chunk_size, bar, native_sliding)
+        gains = [
+            ref - mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar, native_sliding)
+            for u in units
+        ]
     finally:
         use_method(model, "full")
     return ref, gains

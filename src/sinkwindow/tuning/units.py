@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..memory import kv_geometry
+from ..memory import kv_geometry, native_windows
 from ..spec import MethodSpec, parse_spec
 
 __all__ = [
@@ -36,14 +36,18 @@ def parse_unit(text: str) -> Unit:
     return (int(layer), int(head)) if dot else int(layer)
 
 
-def model_units(config, by: str = "layer") -> list[Unit]:
-    """Every unit of a model: its layers ``[0, 1, ...]`` or its KV heads ``[(0, 0), (0, 1), ...]``."""
+def model_units(config, by: str = "layer", native_sliding: str = "override") -> list[Unit]:
+    """Every unit of a model a hybrid may keep full: its layers ``[0, 1, ...]`` or its KV heads
+    ``[(0, 0), (0, 1), ...]``. Under ``native_sliding="keep"`` only the global layers' (native
+    sliding layers keep their own window: ``patch.apply`` refuses units on them)."""
     if by not in UNIT_KINDS:
         raise ValueError(f"units are {' or '.join(UNIT_KINDS)}, got {by!r}")
     layers, _, kv_heads, _ = kv_geometry(config)
+    native = native_windows(config)
+    keep = [i for i in range(layers) if native_sliding != "keep" or native[i] is None]
     if by == "layer":
-        return list(range(layers))
-    return [(layer, h) for layer in range(layers) for h in range(kv_heads)]
+        return keep
+    return [(layer, h) for layer in keep for h in range(kv_heads)]
 
 
 def spec_with_units(base: MethodSpec | str, units: Sequence[Unit], kv_heads: int | None = None) -> MethodSpec:

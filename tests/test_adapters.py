@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import sinkwindow
 from conftest import tiny_model
 from sinkwindow.linear import adapters, convert, save_checkpoint
 from sinkwindow.linear.adapters import (
@@ -90,6 +91,15 @@ def test_no_adapter_and_no_checkpoint_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(adapters, "ADAPTER_DIR", tmp_path)
     with pytest.raises(ValueError, match="sinkwindow train"):
         use_method(_tagged(), "lolcats:8")
+
+
+@pytest.mark.parametrize("spec", ["swa:8:2", "full", "evict:8:2"])
+def test_a_checkpoint_for_a_method_that_runs_none_is_refused(tmp_path, spec):
+    # Before: swa:8:2 with an SWA + LoRA checkpoint loaded nothing and ran the untrained model.
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=r"takes no trained adapter.*@NAME"):
+        use_method(model, spec, checkpoint=tmp_path / "model.safetensors")
+    assert sinkwindow.active_spec(model).is_full
 
 
 @pytest.mark.parametrize("entry", SHIPPED, ids=[a["file"] for a in SHIPPED])

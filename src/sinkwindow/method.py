@@ -52,9 +52,16 @@ def use_method(
         The model (the same object) running ``spec``.
 
     Raises:
-        ValueError: a linear baseline with no checkpoint and none shipped, or a bad spec.
+        ValueError: a linear baseline with no checkpoint and none shipped, a checkpoint for a method
+            that runs no trained tensors, or a bad spec.
     """
     spec = parse_spec(spec)
+    if checkpoint is not None and not spec.is_trained:
+        # It would be ignored: the method runs no trained tensors, so the result would be the untrained one's.
+        raise ValueError(
+            f"{spec} takes no trained adapter, so checkpoint={str(checkpoint)!r} would be ignored: give the method "
+            f"it was trained as (SWA + LoRA is {spec.base}@NAME, e.g. swa:256:4@lora; or lolcats:W, liger:W, linear)"
+        )
     if getattr(model, RETROFIT_ATTR, None) is not None:
         from .linear import revert  # noqa: PLC0415 - the linear stack (peft) is optional
 

@@ -425,6 +425,14 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     summary = train_baseline(model, CharTokenizer(), f"lolcats:{W}", tmp_path / "run", TrainConfig(**kwargs))
     assert summary["finished"] and set(summary["stages"]) == {"transfer", "finetune"}
     assert summary["stages"]["finetune"]["tokens"] == 128
+    # Each validation logs its per-batch losses, whose mean is the logged loss; the summary judges
+    # the last 20% of each stage from them (train/plateau.py).
+    rows = [json.loads(x) for x in (tmp_path / "run" / "finetune" / "log.jsonl").read_text().splitlines()]
+    vals = [r for r in rows if "val_loss" in r]
+    assert vals and all(len(r["val_losses"]) == 2 for r in vals)
+    assert all(sum(r["val_losses"]) / 2 == pytest.approx(r["val_loss"], abs=1e-5) for r in vals)
+    judged = summary["stages"]["finetune"]["plateau"]
+    assert judged["to_step"] == 2 and judged["chunks"] == 2 and judged["flat"] in (True, False)
     meta = read_metadata(tmp_path / "run")
     assert meta["lora"]["r"] == 8 and meta["data"]["format"] == "alpaca" and meta["budget"]["transfer"] == 128
     ids = ids_for(1, 30)

@@ -144,14 +144,17 @@ def _saved_val_key(st: dict, out: Path, data: PackedData, cfg: StageConfig) -> s
 
 
 @torch.no_grad()
-def _evaluate(model: PreTrainedModel, step_fn: StepFn, data: PackedData, cfg: StageConfig, device) -> float:
+def _evaluate(
+    model: PreTrainedModel, step_fn: StepFn, data: PackedData, cfg: StageConfig, device
+) -> list[float]:
+    """The validation loss of each validation batch (their mean is the stage's validation loss)."""
     model.eval()
     n = _val_rows(data, cfg.val_batches, cfg.batch_size) // cfg.batch_size
     losses = []
     for i in range(n):
         x, y = _batch(data.val_ids, data.val_labels, i, cfg.batch_size)
         losses.append(step_fn(model, x.to(device), y.to(device), backward=False)["loss"])
-    return sum(losses) / len(losses)
+    return losses
 
 
 def _log(path: Path, row: dict) -> None:
@@ -381,7 +384,8 @@ class _StageRun:
     def evaluate(self) -> float:
         """Validation loss now; steps the plateau schedule, keeps the best checkpoint, logs it."""
         cfg, tokens = self.cfg, self.step * self.tokens_per_step
-        val = _evaluate(self.model, self.step_fn, self.data, cfg, self.device)
+        losses = _evaluate(self.model, self.step_fn, self.data, cfg, self.device)
+        val = sum(losses) / len(losses)
         if self.first_val is None:
             self.first_val = val
         self.sched.step(val)
@@ -403,6 +407,9 @@ class _StageRun:
                 "val_loss": val,
                 "val_chunks": _val_rows(self.data, cfg.val_batches, cfg.batch_size),
                 "val_key": self.val_key,
+                # Per batch, so whether a stretch of training still moves the loss can be tested
+                # against the spread between held-out chunks (train/plateau.py).
+                "val_losses": [round(x, 6) for x in losses],
                 "lr": self.opt.param_groups[0]["lr"],
                 "wall_s": round(self.wall(), 1),
             },

@@ -27,6 +27,7 @@ from ..runs.folder import RunLock
 from ..runs.sessions import start_session
 from ..spec import parse_spec
 from .data import load_training_data
+from .plateau import plateau
 from .stage import StageConfig, StageResult, run_stage
 
 __all__ = ["Recipe", "TrainConfig", "recipe_for", "train_baseline"]
@@ -218,11 +219,11 @@ def train_baseline(
         finished, resume2 = True, cfg.resume
         if "transfer" in recipe.stages:
             r1, resume2 = _transfer_stage(model, packed, cfg, out, meta, remaining())
-            summary["stages"]["transfer"] = asdict(r1)
+            summary["stages"]["transfer"] = asdict(r1) | {"plateau": plateau(out / "transfer" / "log.jsonl")}
             finished = r1.finished
         if finished and cfg.finetune_tokens > 0:
             r2 = _finetune_stage(model, packed, cfg, out, meta, remaining(), resume2)
-            summary["stages"]["finetune"] = asdict(r2)
+            summary["stages"]["finetune"] = asdict(r2) | {"plateau": plateau(out / "finetune" / "log.jsonl")}
             finished = r2.finished
         summary["finished"] = finished
         summary["session_wall_s"] = round(time.perf_counter() - t_start, 1)

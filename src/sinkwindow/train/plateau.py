@@ -1,0 +1,94 @@
+"""Whether a training stage has flattened: its validation loss over the last part of its steps.
+
+"Trained to convergence" needs a test a reader can check, not a look at a curve. Over the last
+``last`` share of a stage's steps (20% by default), this compares the first and the final
+validation of that window (the last two validations, when fewer fall in it) on the same chunks:
+
+- ``change``: final minus first validation loss (negative: still falling), and ``relative``;
+- ``slope_per_100``: least-squares slope of every validation in the window, per 100 steps;
+- with per-chunk losses logged (``val_losses`` in the stage's ``log.jsonl``), the paired per-chunk
+  differences and the exact Wilcoxon signed-rank test on them: ``flat`` when they are not
+  distinguishable from zero (p >= 0.05), i.e. the last stretch of training moved the loss by less
+  than the spread between held-out chunks can tell. Without per-chunk losses ``flat`` is ``None``.
+
+Only validations on the final validation set count (``val_key``): a run that changed its set
+(``liger:256`` went from 4 to 20 chunks) is judged on the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+__all__ = ["ALPHA", "plateau"]
+
+ALPHA = 0.05
+
+
+def _validations(path: Path) -> list[dict]:
+    """Validation rows, the last one per step, in step order (torn lines skipped)."""
+    rows: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        val = row.get("val_loss") if isinstance(row, dict) else None
+        if isinstance(val, int | float) and math.isfinite(val) and "step" in row:
+            rows[int(row["step"])] = row
+    return [rows[s] for s in sorted(rows)]
+
+
+def plateau(path: str | Path, last: float = 0.2) -> dict | None:
+    """The last ``last`` share of a stage's steps, judged from its ``log.jsonl`` (module docstring).
+
+    Returns:
+        ``{"from_step", "to_step", "first", "final", "change", "relative", "slope_per_100",
+        "validations", "chunks", "mean_chunk_change", "p", "flat"}``, or ``None`` with fewer than two
+        validations on the final validation set.
+    """
+    rows = _validations(Path(path))
+    if not rows:
+        return None
+    key = rows[-1].get("val_key")
+    rows = [r for r in rows if r.get("val_key") == key]
+    end = int(rows[-1]["step"])
+    window = [r for r in rows if r["step"] >= (1 - last) * end]
+    if len(window) < 2:  # validations further apart than the window: the last two
+        window = rows[-2:]
+    if len(window) < 2:
+        return None
+    first, final = window[0], window[-1]
+    xs = [float(r["step"]) for r in window]
+    ys = [float(r["val_loss"]) for r in window]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    out = {
+        "from_step": int(first["step"]),
+        "to_step": end,
+        "first": float(first["val_loss"]),
+        "final": float(final["val_loss"]),
+        "change": float(final["val_loss"]) - float(first["val_loss"]),
+        "relative": (float(final["val_loss"]) - float(first["val_loss"])) / float(first["val_loss"]),
+        "slope_per_100": 100 * slope,
+        "validations": len(window),
+        "chunks": None,
+        "mean_chunk_change": None,
+        "p": None,
+        "flat": None,
+    }
+    a, b = first.get("val_losses"), final.get("val_losses")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) >= 2:
+        from scipy.stats import wilcoxon
+
+        diffs = [y - x for x, y in zip(a, b)]
+        out["chunks"] = len(diffs)
+        out["mean_chunk_change"] = sum(diffs) / len(diffs)
+        if any(d != 0 for d in diffs):
+            out["p"] = float(wilcoxon(diffs, method="exact" if len(diffs) <= 50 else "auto").pvalue)
+        else:
+            out["p"] = 1.0
+        out["flat"] = out["p"] >= ALPHA
+    return out

@@ -803,3 +803,28 @@ def test_one_trainer_per_run_folder_and_each_session_is_logged(tmp_path, alpaca_
     )  # done: skips
     sessions = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
     assert len(sessions) == 2 and all(s["spec"] == f"liger:{W}" and "machine" in s for s in sessions)
+
+
+@pytest.mark.parametrize("spec", [f"lolcats:{W}", "swa:8:2"])
+def test_gradient_checkpointing_trains_the_same_lora(tmp_path, alpaca_file, spec):
+    # Recomputing each layer's forward in the backward pass saves memory and changes nothing else.
+    kwargs = dict(
+        data=str(alpaca_file), transfer_tokens=2 * 32, finetune_tokens=3 * 2 * 32, seq_len=32, grad_accum=2,
+        eval_every=1, save_every=1, val_batches=2, progress=False,
+    )  # fmt: skip
+    runs = {}
+    for ckpt in (False, True):
+        model = tiny_model("llama")
+        summary = train_baseline(
+            model,
+            CharTokenizer(),
+            spec,
+            tmp_path / str(ckpt),
+            TrainConfig(**kwargs, gradient_checkpointing=ckpt),
+        )
+        assert not model.is_activation_checkpointing  # switched off again after the stage
+        rows = (tmp_path / str(ckpt) / "finetune" / "log.jsonl").read_text().splitlines()
+        runs[ckpt] = ([json.loads(r).get("train_loss") for r in rows], model.state_dict(), summary)
+    assert runs[True][0] == runs[False][0]
+    for name, t in runs[False][1].items():
+        torch.testing.assert_close(runs[True][1][name], t, atol=1e-6, rtol=0)

@@ -103,56 +103,14 @@ def render_plots(s: dict, out: Path) -> list[tuple[str, str]]:
         )
 
     if s["niah_depth"]:
-        methods = method_order(s["niah_depth"])
-        fig, axes = plt.subplots(1, len(methods), figsize=(3.4 * len(methods), 3.4), squeeze=False)
-        for ax, m in zip(axes[0], methods):
-            cells = s["niah_depth"][m]
-            lengths = sorted({int(k.split("|")[0]) for k in cells})
-            bins = [0, 20, 40, 60, 80, 101]
-            grid = [[float("nan")] * len(lengths) for _ in range(len(bins) - 1)]
-            tally = defaultdict(list)
-            for k, v in cells.items():
-                L, d = k.split("|")
-                b = next(i for i in range(len(bins) - 1) if bins[i] <= float(d) < bins[i + 1])
-                tally[(b, lengths.index(int(L)))].append(v)
-            for (b, j), v in tally.items():
-                grid[b][j] = plain_mean(v)
-            im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto", origin="lower")
-            ax.set_xticks(range(len(lengths)), [length_label(L) for L in lengths])
-            ax.set_yticks(
-                range(len(bins) - 1), [f"{bins[i]}–{min(bins[i + 1], 100)}%" for i in range(len(bins) - 1)]
-            )
-            ax.set_title(m, fontsize=10)
-            ax.set_xlabel("context")
-        axes[0][0].set_ylabel("needle depth")
-        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="S-NIAH accuracy (%)")
+        fig = depth_figure(s["niah_depth"])
         fig.savefig(out / "niah_depth_heatmap.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         made.append(
             ("S-NIAH accuracy by needle depth and context (all three tasks)", "niah_depth_heatmap.png")
         )
-
     if s["ppl_buckets"]:
-        L = max(L for m in s["ppl_buckets"].values() for L in m)
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        for i, m in enumerate(method_order(s["ppl_buckets"])):
-            curve = s["ppl_buckets"][m].get(L)
-            if curve:
-                ax.plot(
-                    list(curve),
-                    list(curve.values()),
-                    marker=MARKERS[i % len(MARKERS)],
-                    markersize=3,
-                    linestyle=LINESTYLES[i % len(LINESTYLES)],
-                    label=m,
-                )
-        ax.set_yscale("log")
-        ax.set_xlabel("position of the predicted token")
-        ax.set_ylabel("perplexity in bucket")
-        ax.set_title(f"Perplexity by position ({length_label(L)} essay windows)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig = ppl_position_figure(s["ppl_buckets"])
         fig.savefig(out / "ppl_by_position.png", dpi=110)
         plt.close(fig)
         made.append(
@@ -162,3 +120,66 @@ def render_plots(s: dict, out: Path) -> list[tuple[str, str]]:
             )
         )
     return made
+
+
+def depth_figure(depth: dict):
+    """One heatmap per method: S-NIAH accuracy by needle depth (5 bins) and context length.
+
+    ``depth`` maps method -> ``{"L|depth%": score}``.
+    """
+    import matplotlib.pyplot as plt
+
+    methods = method_order(depth)
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.4 * len(methods), 3.4), squeeze=False)
+    bins = [0, 20, 40, 60, 80, 101]
+    for ax, m in zip(axes[0], methods):
+        cells = depth[m]
+        lengths = sorted({int(k.split("|")[0]) for k in cells})
+        grid = [[float("nan")] * len(lengths) for _ in range(len(bins) - 1)]
+        tally = defaultdict(list)
+        for k, v in cells.items():
+            L, d = k.split("|")
+            b = next(i for i in range(len(bins) - 1) if bins[i] <= float(d) < bins[i + 1])
+            tally[(b, lengths.index(int(L)))].append(v)
+        for (b, j), v in tally.items():
+            grid[b][j] = plain_mean(v)
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(lengths)), [length_label(L) for L in lengths])
+        ax.set_yticks(
+            range(len(bins) - 1), [f"{bins[i]}–{min(bins[i + 1], 100)}%" for i in range(len(bins) - 1)]
+        )
+        ax.set_title(m, fontsize=10)
+        ax.set_xlabel("context")
+    axes[0][0].set_ylabel("needle depth")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="S-NIAH accuracy (%)")
+    return fig
+
+
+def ppl_position_figure(buckets: dict):
+    """Perplexity per position bucket at the longest window, one line per method (log scale).
+
+    ``buckets`` maps method -> length -> ``{bucket start: perplexity}``.
+    """
+    import matplotlib.pyplot as plt
+
+    L = max(L for m in buckets.values() for L in m)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, m in enumerate(method_order(buckets)):
+        curve = buckets[m].get(L)
+        if curve:
+            ax.plot(
+                list(curve),
+                list(curve.values()),
+                marker=MARKERS[i % len(MARKERS)],
+                markersize=3,
+                linestyle=LINESTYLES[i % len(LINESTYLES)],
+                label=m,
+            )
+    ax.set_yscale("log")
+    ax.set_xlabel("position of the predicted token")
+    ax.set_ylabel("perplexity in bucket")
+    ax.set_title(f"Perplexity by position ({length_label(L)} essay windows)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

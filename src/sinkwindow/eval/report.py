@@ -160,21 +160,7 @@ def write_report(
     from .results import CONFIG_FILE, RESULTS_FILE, ResultsStore
 
     run = Path(run_dir)
-    if run.exists() and not run.is_dir():
-        raise ValueError(f"{run} is a file: pass the run folder that holds it")
-    if not run.is_dir():
-        raise FileNotFoundError(
-            f"no run folder {run}: pass a folder written by sinkwindow eval, compare or bench"
-        )
-    if store is None and not (run / RESULTS_FILE).exists():
-        if (run / "bench.jsonl").exists():
-            raise ValueError(
-                f"{run} is a bench run folder (bench.jsonl): render it with `sinkwindow report {run}`"
-            )
-        raise FileNotFoundError(
-            f"{run} holds no results ({RESULTS_FILE} or bench.jsonl): pass a folder written by sinkwindow "
-            f"eval, compare or bench"
-        )
+    _check_report_folder(run, has_store=store is not None)
     if store is None:
         store = ResultsStore(run)
     rows, lm_rows, _ = long_context_rows(store.rows())
@@ -227,6 +213,27 @@ def write_report(
             "rejected_rows": len(store.rejected),
         },
     )
+
+
+def _check_report_folder(run: Path, *, has_store: bool) -> None:
+    """Refuse a path that is no long-context run folder, naming what to pass instead."""
+    from .results import RESULTS_FILE
+
+    if run.exists() and not run.is_dir():
+        raise ValueError(f"{run} is a file: pass the run folder that holds it")
+    if not run.is_dir():
+        raise FileNotFoundError(
+            f"no run folder {run}: pass a folder written by sinkwindow eval, compare or bench"
+        )
+    if not has_store and not (run / RESULTS_FILE).exists():
+        if (run / "bench.jsonl").exists():
+            raise ValueError(
+                f"{run} is a bench run folder (bench.jsonl): render it with `sinkwindow report {run}`"
+            )
+        raise FileNotFoundError(
+            f"{run} holds no results ({RESULTS_FILE} or bench.jsonl): pass a folder written by sinkwindow "
+            f"eval, compare or bench"
+        )
 
 
 def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:

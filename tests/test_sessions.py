@@ -4,6 +4,7 @@ was written, and a session's wall time (start to its last row) survives a kill."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,13 @@ def test_rows_go_to_the_session_that_wrote_them():
 def test_machine_info_names_cores_and_cpu():
     info = machine_info("cpu")
     assert info["cores"] >= 1 and info["cpu"] and "gpu" not in info
+    # The versions of the libraries whose kernels decide the last digits, read without importing.
+    import torch
+    import transformers
+
+    assert info["libraries"] == {"torch": torch.__version__, "transformers": transformers.__version__}
+    if Path("/proc/cpuinfo").exists():
+        assert info["cpu_id"].startswith("family ") and isinstance(info["avx512"], bool)
 
 
 def test_each_invocation_with_work_logs_a_session_and_the_report_sums_them(tiny_pair, tmp_path):

@@ -11,6 +11,7 @@ lost if it never ends cleanly.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -32,21 +33,48 @@ __all__ = [
 SESSIONS_FILE = "sessions.jsonl"
 
 
+# Libraries whose kernels set the last bits of a result; their versions go into every session.
+NUMERIC_LIBRARIES = ("torch", "transformers")
+
+
+def _cpuinfo() -> dict:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty off Linux)."""
+    fields: dict = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
 def machine_info(device: str | None = None) -> dict:
-    """CPU model, cores, memory and OS of this machine (and the GPU's name when ``device`` is CUDA)."""
+    """CPU model, cores, memory and OS of this machine (and the GPU's name when ``device`` is CUDA).
+
+    A virtual machine often names its CPU only "AMD EPYC", while two such hosts of different
+    generations (AVX2 against AVX-512 kernels) give fp32 sums that differ in the sixth digit; so the
+    CPU family/model, the AVX-512 flag and the versions of :data:`NUMERIC_LIBRARIES` are kept too.
+    """
     info: dict = {
         "cores": os.cpu_count(),
         "platform": platform.platform(terse=True),
         "python": platform.python_version(),
     }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = _cpuinfo()
+    if "model name" in cpu:
+        info["cpu"] = cpu["model name"]
     info.setdefault("cpu", platform.processor() or platform.machine())
+    if "cpu family" in cpu:
+        info["cpu_id"] = f"family {cpu['cpu family']} model {cpu.get('model', '?')}"
+    if "flags" in cpu:
+        info["avx512"] = "avx512f" in cpu["flags"].split()
+    info["libraries"] = {}
+    for name in NUMERIC_LIBRARIES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            info["libraries"][name] = importlib.metadata.version(name)
     with contextlib.suppress(ValueError, OSError, AttributeError):  # no sysconf names off POSIX
         info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     if device and str(device).startswith("cuda"):
@@ -137,9 +165,8 @@ def session_lines(run_dir: str | os.PathLike, rows: list[dict]) -> list[str]:
     machines = []
     for s in summary:
         m = s.get("machine") or {}
-        label = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores" + (
-            f", {m['gpu']}" if m.get("gpu") else ""
-        )
+        label = f"{m.get('cpu', '?')}" + (f" ({m['cpu_id']})" if m.get("cpu_id") else "")
+        label += f", {m.get('cores', '?')} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
         if label not in machines:
             machines.append(label)
     lines = [

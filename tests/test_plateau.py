@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sinkwindow.train.plateau import plateau
+from sinkwindow.train.plateau import ALPHA, min_pairs, plateau
 
 
 def _write(tmp_path, rows):
@@ -53,3 +53,19 @@ def test_too_few_validations_or_no_per_chunk_losses(tmp_path):
     old_style = [{"step": s, "tokens": s, "val_loss": 2.0 - s / 1000} for s in (80, 100)]
     got = plateau(_write(tmp_path, old_style))
     assert got["change"] == pytest.approx(-0.02) and got["flat"] is None and got["p"] is None
+
+
+def test_too_few_chunks_to_ever_reject_give_no_verdict(tmp_path):
+    # Five chunks that all fell: the smallest p the exact test has (2 / 2**5 = 0.0625) is above 0.05,
+    # so "flat" would be said of any change; no verdict, and the reason names the fix.
+    a = [2.0, 2.1, 1.9, 2.2, 1.8]
+    got = plateau(_write(tmp_path, [_val(80, a), _val(100, [x - 0.5 for x in a])]))
+    assert got["p"] == pytest.approx(0.0625) and got["min_p"] == pytest.approx(0.0625)
+    assert got["flat"] is None and "--val-batches" in got["undecided"]
+    # Six chunks can reject: the same uniform fall is "still moving".
+    b = a + [2.05]
+    six = plateau(_write(tmp_path, [_val(80, b), _val(100, [x - 0.5 for x in b])]))
+    assert six["flat"] is False and "undecided" not in six
+    assert min_pairs() == 6 and 2 / 2 ** min_pairs() <= ALPHA < 2 / 2 ** (min_pairs() - 1)
+    # Chunks that did not move at all are flat whatever their number.
+    assert plateau(_write(tmp_path, [_val(80, a[:2]), _val(100, a[:2])]))["flat"] is True

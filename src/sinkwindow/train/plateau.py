@@ -9,7 +9,9 @@ validation of that window (the last two validations, when fewer fall in it) on t
 - with per-chunk losses logged (``val_losses`` in the stage's ``log.jsonl``), the paired per-chunk
   differences and the exact Wilcoxon signed-rank test on them: ``flat`` when they are not
   distinguishable from zero (p >= 0.05), i.e. the last stretch of training moved the loss by less
-  than the spread between held-out chunks can tell. Without per-chunk losses ``flat`` is ``None``.
+  than the spread between held-out chunks can tell. Without per-chunk losses ``flat`` is ``None``;
+  so it is when fewer chunks moved than the test needs to ever reject (:func:`min_pairs`, 6 at
+  0.05), and ``undecided`` says so.
 
 Only validations on the final validation set count (``val_key``): a run that changed its set
 (``liger:256`` went from 4 to 20 chunks) is judged on the new one.
@@ -21,7 +23,7 @@ import json
 import math
 from pathlib import Path
 
-__all__ = ["ALPHA", "plateau"]
+__all__ = ["ALPHA", "min_pairs", "plateau"]
 
 ALPHA = 0.05
 
@@ -45,7 +47,8 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
 
     Returns:
         ``{"from_step", "to_step", "first", "final", "change", "relative", "slope_per_100",
-        "validations", "chunks", "mean_chunk_change", "p", "flat"}``, or ``None`` with fewer than two
+        "validations", "chunks", "mean_chunk_change", "p", "flat"}`` (with per-chunk losses also
+        ``"min_p"``, and ``"undecided"`` when too few chunks moved), or ``None`` with fewer than two
         validations on the final validation set.
     """
     rows = _validations(Path(path))
@@ -86,9 +89,29 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
         diffs = [y - x for x, y in zip(a, b)]
         out["chunks"] = len(diffs)
         out["mean_chunk_change"] = sum(diffs) / len(diffs)
-        if any(d != 0 for d in diffs):
+        moved = sum(1 for d in diffs if d != 0)
+        if moved:
             out["p"] = float(wilcoxon(diffs, method="exact" if len(diffs) <= 50 else "auto").pvalue)
         else:
             out["p"] = 1.0
-        out["flat"] = out["p"] >= ALPHA
+        # The smallest two-sided p the exact test can give on ``moved`` differences is 2 / 2**moved
+        # (every one the same sign): with 5 or fewer it never reaches 0.05, so "not distinguishable"
+        # would be said of any change at all. Then there is no verdict, and the reason says why.
+        out["min_p"] = 2.0 / 2**moved if moved else 1.0
+        if moved and out["min_p"] > ALPHA:
+            out["undecided"] = (
+                f"{moved} chunk(s) moved: the exact test cannot reach p < {ALPHA} with fewer than "
+                f"{min_pairs()}; validate on more chunks (--val-batches)"
+            )
+        else:
+            out["flat"] = out["p"] >= ALPHA
     return out
+
+
+def min_pairs(alpha: float = ALPHA) -> int:
+    """Fewest nonzero paired differences with which the two-sided exact signed-rank test can
+    reject at ``alpha``: the smallest n with 2 / 2**n <= alpha (6 at 0.05)."""
+    n = 1
+    while 2.0 / 2**n > alpha:
+        n += 1
+    return n

@@ -1,7 +1,8 @@
 """Export a finished training run as an adapter shipped with the package, with its provenance.
 
     python benchmarks/export_adapter.py --run benchmarks/training/lolcats256-smollm2 \\
-        --model smollm2-135m --method lolcats:256 --command "sinkwindow train ..."
+        --model smollm2-135m --method lolcats:256 --command "sinkwindow train ..." \\
+        --label "the paper's recipe: 1,024-token chunks, ..."
 
 Writes ``src/sinkwindow/linear/adapters/<model>--<spec>.safetensors`` (the run's retrofit tensors:
 feature maps, window factors, LoRA; nothing of the base model) and ``.json`` beside it: the data
@@ -71,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--data-file", default=None, help="training data file (for its sha256); default: from the run"
     )
+    p.add_argument(
+        "--label",
+        required=True,
+        help="what this adapter is, as reports name it beside the method "
+        "(e.g. 'trained on 4,096-token chunks: stronger than the paper's recipe')",
+    )
     args = p.parse_args(argv)
 
     run = Path(args.run)
@@ -114,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     provenance = {
         "model": args.model,
         "spec": str(sinkwindow.parse_spec(args.method)),
+        "label": args.label,
         "file": dst.name,
         "sha256": file_sha256(dst),
         "bytes": dst.stat().st_size,

@@ -106,7 +106,7 @@ def test_a_checkpoint_for_a_method_that_runs_none_is_refused(tmp_path, spec):
 def test_shipped_file_matches_its_provenance(entry):
     assert file_sha256(entry["path"]) == entry["sha256"]
     assert entry["bytes"] <= PACKAGE_BUDGET_BYTES
-    for key in ("data", "tokens", "steps", "val_loss", "seed", "command", "sinkwindow_commit"):
+    for key in ("label", "data", "tokens", "steps", "val_loss", "seed", "command", "sinkwindow_commit"):
         assert key in entry, key
 
 

@@ -57,3 +57,16 @@ def test_report_marks_cells_past_a_baselines_training_length():
     lol = next(line for line in md.splitlines() if line.startswith("| lolcats:16 |") and "†" in line)
     assert lol.count("†") == 1  # 2K only, not 0.5K
     assert "## Where the needle was" in md and "in 3/3 · beyond 0/0" in md
+
+
+def test_report_names_what_each_trained_method_is_from_its_adapters_provenance():
+    from sinkwindow.eval.report import adapter_facts
+    from sinkwindow.linear.adapters import read_provenance, shipped_adapter
+
+    rows = [_row(m, 0, 90, 100.0) | {"model": "smollm2-135m"} for m in ("full", "swa:16:4", "lolcats:256")]
+    lengths, labels = adapter_facts(rows, {})
+    prov = read_provenance(shipped_adapter("smollm2-135m", "lolcats:256"))
+    assert lengths == {"lolcats:256": prov["train_config"]["seq_len"]}
+    assert labels == {"lolcats:256": prov["label"]} and "paper's recipe" in labels["lolcats:256"]
+    md = markdown_report(summarize(rows, labels=labels), {"model": "smollm2-135m"}, [])
+    assert f"`lolcats:256` ({prov['label']})" in md and "`swa:16:4`," in md

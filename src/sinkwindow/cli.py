@@ -137,7 +137,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
     adapters = [
         {
             k: a.get(k)
-            for k in ("model", "spec", "file", "sha256", "bytes", "tokens", "val_loss", "sinkwindow_commit")
+            for k in ("model", "spec", "label", "file", "sha256", "bytes", "tokens", "val_loss")
+            + ("sinkwindow_commit",)
         }
         for a in list_adapters()
     ]
@@ -151,6 +152,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
             print(
                 f"  {a['model']:<14} {a['spec']:<12} {tokens} tokens; best validation {final}; sha256 {a['sha256'][:12]}"
             )
+            if a["label"]:
+                print(f"  {'':<14} {'':<12} {a['label']}")
         if not adapters:
             print("  none")
     print(

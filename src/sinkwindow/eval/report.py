@@ -41,7 +41,7 @@ from .summary import summarize
 from .tables import markdown_report
 from .window_split import read_needles
 
-__all__ = ["write_report", "long_context_rows"]
+__all__ = ["adapter_facts", "write_report", "long_context_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ def write_report(
     from ..runs.sessions import session_lines
 
     extra += session_lines(run, store.all_rows())
-    s = summarize(rows, needles=read_needles(run), trained=_trained_lengths(rows, config))
+    trained, labels = adapter_facts(rows, config)
+    s = summarize(rows, needles=read_needles(run), trained=trained, labels=labels)
     plots = render_plots(s, run)
     md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes)
     return _write_page(
@@ -236,10 +237,13 @@ def _check_report_folder(run: Path, *, has_store: bool) -> None:
         )
 
 
-def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:
-    """``{method: sequence length its adapter was trained on}`` for the trained methods in ``rows``:
-    the checkpoint named in the run's config, else the adapter shipped for the rows' model."""
-    out: dict[str, int] = {}
+def adapter_facts(rows: list[dict], config: dict) -> tuple[dict[str, int], dict[str, str]]:
+    """What the report says of each trained method in ``rows``, from its adapter: ``({method:
+    sequence length it was trained on}, {method: its provenance's label})``. The adapter is the
+    checkpoint named in the run's config, else the one shipped for the rows' model (only a shipped
+    adapter carries a label)."""
+    lengths: dict[str, int] = {}
+    labels: dict[str, str] = {}
     checkpoints = (config or {}).get("checkpoints") or {}
     seen = {(r.get("model"), r.get("method")) for r in rows}
     for model, method in sorted(seen, key=str):  # a set: sorted, so the same rows give the same summary
@@ -247,8 +251,9 @@ def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:
             spec = parse_spec(method)
         except (TypeError, ValueError):
             continue
-        if not spec.is_trained or method in out:
+        if not spec.is_trained or method in lengths or method in labels:
             continue
+        label = None
         try:
             from ..linear.adapters import read_provenance, shipped_adapter
             from ..linear.checkpoint import read_metadata
@@ -258,14 +263,16 @@ def _trained_lengths(rows: list[dict], config: dict) -> dict[str, int]:
                 length = (read_metadata(given).get("data") or {}).get("seq_len")
             else:
                 path = shipped_adapter(model, spec)
-                length = (
-                    None if path is None else read_provenance(path).get("train_config", {}).get("seq_len")
-                )
+                prov = {} if path is None else read_provenance(path)
+                length = prov.get("train_config", {}).get("seq_len")
+                label = prov.get("label")
         except (ImportError, OSError, ValueError, KeyError):
             length = None
         if isinstance(length, int):
-            out[method] = length
-    return out
+            lengths[method] = length
+        if isinstance(label, str) and label:
+            labels[method] = label
+    return lengths, labels
 
 
 def _short_section(rows: list[dict] | None, folder: Path) -> str | None:

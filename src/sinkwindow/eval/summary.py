@@ -237,6 +237,7 @@ def summarize(
     seed: int = 0,
     needles: dict | None = None,
     trained: dict | None = None,
+    labels: dict | None = None,
 ) -> dict:
     """Aggregate rows into means with intervals (scores in %, as the rows store them).
 
@@ -263,6 +264,8 @@ def summarize(
       beyond it (``window_split.window_split``; ``needles`` holds positions for rows without them).
     - ``trained_lengths``: ``trained`` as given, ``{method: training sequence length}``; cells past it
       are marked in the tables.
+    - ``method_labels``: ``labels`` as given, ``{method: what its adapter is}`` from the adapter's
+      provenance (e.g. trained at the evaluation length, stronger than the paper's recipe).
 
     ``n_boot`` and ``seed`` set every bootstrap, so the same rows give the same report.
     """
@@ -284,6 +287,7 @@ def summarize(
         "hybrid": {},
         "window_split": window_split(rows, needles),
         "trained_lengths": dict(trained or {}),
+        "method_labels": dict(labels or {}),
     }
     lengths_of: dict[str, list[int]] = {}
     for fam in families:

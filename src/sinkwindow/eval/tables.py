@@ -419,8 +419,10 @@ def markdown_report(
     methods = method_order(set(s["ppl"]) | {m for f in s["accuracy"].values() for m in f})
     asked = list(cfg.get("methods") or [])
     which = f"{', '.join(f'`{m}`' for m in asked)} at " if asked and asked != methods else ""
+    labels = s.get("method_labels") or {}
+    named = [f"`{m}`" + (f" ({labels[m]})" if labels.get(m) else "") for m in methods or asked]
     lines += [
-        f"Methods: {', '.join(f'`{m}`' for m in methods or asked)}. Seed {cfg.get('seed', '?')}; "
+        f"Methods: {', '.join(named)}. Seed {cfg.get('seed', '?')}; "
         f"the last run asked for {which}{cfg.get('samples', '?')} samples per task and length (each cell gives "
         "its n); scores are % correct (0/100 per sample, RULER "
         "string match / BABILong compare_answers); recovery = method ÷ full attention.",

@@ -432,7 +432,9 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     assert vals and all(len(r["val_losses"]) == 2 for r in vals)
     assert all(sum(r["val_losses"]) / 2 == pytest.approx(r["val_loss"], abs=1e-5) for r in vals)
     judged = summary["stages"]["finetune"]["plateau"]
-    assert judged["to_step"] == 2 and judged["chunks"] == 2 and judged["flat"] in (True, False)
+    assert judged["to_step"] == 2 and judged["chunks"] == 2
+    # Two chunks that moved cannot give p < 0.05 (2 / 2**2 = 0.5): no verdict, and it says why.
+    assert judged["flat"] is None and "--val-batches" in judged["undecided"]
     meta = read_metadata(tmp_path / "run")
     assert meta["lora"]["r"] == 8 and meta["data"]["format"] == "alpaca" and meta["budget"]["transfer"] == 128
     ids = ids_for(1, 30)

@@ -113,6 +113,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# What `sinkwindow models` shows of each shipped adapter's provenance.
+_ADAPTER_FIELDS = (
+    "model",
+    "spec",
+    "label",
+    "file",
+    "sha256",
+    "bytes",
+    "tokens",
+    "val_loss",
+    "sinkwindow_commit",
+)
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from .linear.adapters import list_adapters
     from .models import DEFAULT_MODEL, list_models
@@ -134,14 +148,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
             "one). The test suite runs every runtime contract on:"
         )
         print("  " + ", ".join(TESTED_MODEL_TYPES))
-    adapters = [
-        {
-            k: a.get(k)
-            for k in ("model", "spec", "label", "file", "sha256", "bytes", "tokens", "val_loss")
-            + ("sinkwindow_commit",)
-        }
-        for a in list_adapters()
-    ]
+    adapters = [{k: a.get(k) for k in _ADAPTER_FIELDS} for a in list_adapters()]
     if not args.json:
         print(
             "\nTrained baselines shipped with the package (--method SPEC finds them; --checkpoint overrides):"

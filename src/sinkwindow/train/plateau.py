@@ -95,13 +95,14 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
         else:
             out["p"] = 1.0
         # The smallest two-sided p the exact test can give on ``moved`` differences is 2 / 2**moved
-        # (every one the same sign): with 5 or fewer it never reaches 0.05, so "not distinguishable"
+        # (every one the same sign): below min_pairs() it never reaches ALPHA, so "not distinguishable"
         # would be said of any change at all. Then there is no verdict, and the reason says why.
         out["min_p"] = 2.0 / 2**moved if moved else 1.0
-        if moved and out["min_p"] > ALPHA:
+        needed = min_pairs()
+        if 0 < moved < needed:
             out["undecided"] = (
                 f"{moved} chunk(s) moved: the exact test cannot reach p < {ALPHA} with fewer than "
-                f"{min_pairs()}; validate on more chunks (--val-batches)"
+                f"{needed}; validate on more chunks (--val-batches)"
             )
         else:
             out["flat"] = out["p"] >= ALPHA

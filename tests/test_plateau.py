@@ -69,3 +69,13 @@ def test_too_few_chunks_to_ever_reject_give_no_verdict(tmp_path):
     assert min_pairs() == 6 and 2 / 2 ** min_pairs() <= ALPHA < 2 / 2 ** (min_pairs() - 1)
     # Chunks that did not move at all are flat whatever their number.
     assert plateau(_write(tmp_path, [_val(80, a[:2]), _val(100, a[:2])]))["flat"] is True
+
+
+def test_the_paired_test_starts_at_the_first_validation_with_per_chunk_losses(tmp_path):
+    # A run resumed under a trainer that logs per-chunk losses has them only from then on: the test
+    # pairs the first validation in the window that has them with the final one.
+    a = [2.0 + 0.1 * i for i in range(8)]
+    rows = [{"step": 80, "tokens": 800, "val_loss": 2.5, "val_key": "k"}, _val(90, a), _val(100, [x - 0.01 for x in a])]
+    got = plateau(_write(tmp_path, rows))
+    assert got["from_step"] == 80 and got["first"] == 2.5  # the window's change still spans it
+    assert got["paired_from_step"] == 90 and got["chunks"] == 8 and got["flat"] is False

@@ -2,7 +2,8 @@
 
 "Trained to convergence" needs a test a reader can check, not a look at a curve. Over the last
 ``last`` share of a stage's steps (20% by default), this compares the first and the final
-validation of that window (the last two validations, when fewer fall in it) on the same chunks:
+validation of that window (the last two validations, when fewer fall in it) on the same chunks
+(the paired test from the window's first validation that logged per-chunk losses):
 
 - ``change``: final minus first validation loss (negative: still falling), and ``relative``;
 - ``slope_per_100``: least-squares slope of every validation in the window, per 100 steps;
@@ -48,7 +49,7 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
     Returns:
         ``{"from_step", "to_step", "first", "final", "change", "relative", "slope_per_100",
         "validations", "chunks", "mean_chunk_change", "p", "flat"}`` (with per-chunk losses also
-        ``"min_p"``, and ``"undecided"`` when too few chunks moved), or ``None`` with fewer than two
+        ``"paired_from_step"`` and ``"min_p"``, and ``"undecided"`` when too few chunks moved), or ``None`` with fewer than two
         validations on the final validation set.
     """
     rows = _validations(Path(path))
@@ -82,8 +83,14 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
         "p": None,
         "flat": None,
     }
-    a, b = first.get("val_losses"), final.get("val_losses")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) >= 2:
+    # The paired test starts at the window's first validation that logged per-chunk losses: a run
+    # resumed under a newer trainer logs them only from then on (liger:256 from step 368).
+    b = final.get("val_losses")
+    paired = [r for r in window[:-1] if isinstance(r.get("val_losses"), list) and isinstance(b, list)
+              and len(r["val_losses"]) == len(b)]  # fmt: skip
+    a = paired[0]["val_losses"] if paired else None
+    if a is not None and len(a) >= 2:
+        out["paired_from_step"] = int(paired[0]["step"])
         from scipy.stats import wilcoxon
 
         diffs = [y - x for x, y in zip(a, b)]

@@ -75,7 +75,11 @@ def test_the_paired_test_starts_at_the_first_validation_with_per_chunk_losses(tm
     # A run resumed under a trainer that logs per-chunk losses has them only from then on: the test
     # pairs the first validation in the window that has them with the final one.
     a = [2.0 + 0.1 * i for i in range(8)]
-    rows = [{"step": 80, "tokens": 800, "val_loss": 2.5, "val_key": "k"}, _val(90, a), _val(100, [x - 0.01 for x in a])]
+    rows = [
+        {"step": 80, "tokens": 800, "val_loss": 2.5, "val_key": "k"},
+        _val(90, a),
+        _val(100, [x - 0.01 for x in a]),
+    ]
     got = plateau(_write(tmp_path, rows))
     assert got["from_step"] == 80 and got["first"] == 2.5  # the window's change still spans it
     assert got["paired_from_step"] == 90 and got["chunks"] == 8 and got["flat"] is False

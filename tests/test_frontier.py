@@ -195,3 +195,37 @@ def test_keep_puts_the_budget_on_the_global_layers(pair, tmp_path):
     ran = json.loads((tmp_path / "eval" / "config.json").read_text())
     assert ran["native_sliding"] == "keep"
     assert "native sliding layers kept" in (tmp_path / "frontier.md").read_text()
+
+
+def test_frontier_evaluates_on_workers_with_the_serial_rows_and_refuses_dirty_source(
+    eval_pair_folder, tmp_path, capsys, monkeypatch
+):
+    """--workers runs the evaluation's cells in worker processes with the rows a serial run writes;
+    rows from uncommitted source are refused, or with --allow-dirty carry the diff's sha256."""
+    from sinkwindow.cli import main
+    from sinkwindow.eval.results import ResultsStore
+    from sinkwindow.runs import provenance
+
+    argv = ["frontier", "--model", str(eval_pair_folder), "--context", "512", "--budgets", "0.4",
+            "--selections", "swa", "--sinks", "0,4", "--samples", "2", "--calib-samples", "1",
+            "--no-progress", "--threads", "1"]  # fmt: skip
+
+    def rows(out):
+        got = ResultsStore(out / "eval").rows()
+        return sorted((r["method"], r["task"], r["index"], r["prediction"], r["score"]) for r in got)
+
+    assert main([*argv, "--out", str(tmp_path / "serial")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "workers"), "--workers", "2"]) == 0
+    assert rows(tmp_path / "workers") == rows(tmp_path / "serial") and len(rows(tmp_path / "serial")) == 12
+    sessions = (tmp_path / "workers" / "eval" / "sessions.jsonl").read_text()
+    assert "2 local worker process" in sessions
+
+    monkeypatch.setattr(
+        provenance, "source_state", lambda: {"commit": "abc", "dirty": True, "diff_sha256": "d" * 64}
+    )
+    monkeypatch.delenv("SINKWINDOW_ALLOW_DIRTY", raising=False)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "dirty")]) == 2
+    assert "uncommitted changes" in capsys.readouterr().err and not (tmp_path / "dirty").exists()
+    assert main([*argv, "--out", str(tmp_path / "dirty"), "--allow-dirty"]) == 0
+    assert {r["source_diff"] for r in ResultsStore(tmp_path / "dirty" / "eval").rows()} == {"d" * 64}

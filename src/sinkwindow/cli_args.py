@@ -602,6 +602,16 @@ def add_new_run(p: argparse.ArgumentParser, other: Callable[[str], str | None] |
     )
 
 
+def add_allow_dirty(p: argparse.ArgumentParser) -> None:
+    """``--allow-dirty``: write rows from uncommitted source (``runs.provenance.check_clean_source``)."""
+    p.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write rows from a source tree with uncommitted changes under src/sinkwindow (refused otherwise); "
+        "each row then records the diff's sha256",
+    )
+
+
 def workers(text: str) -> int | str:
     """``--workers N``: a count >= 1, or ``auto`` (one per core)."""
     if text == "auto":

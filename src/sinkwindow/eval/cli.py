@@ -120,12 +120,7 @@ def _add_common(
     cli_args.add_no_progress(p)
     cli_args.add_new_run(p)
     cli_args.add_scheduler(p)
-    p.add_argument(
-        "--allow-dirty",
-        action="store_true",
-        help="write rows from a source tree with uncommitted changes under src/sinkwindow (refused otherwise); "
-        "each row then records the diff's sha256",
-    )
+    cli_args.add_allow_dirty(p)
     p.add_argument(
         "--dry-run",
         action="store_true",

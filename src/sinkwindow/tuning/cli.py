@@ -82,12 +82,21 @@ def _max_positions(model: str) -> int | None:
 def _load(args):
     import torch
 
-    from ..models import load
-
     if args.threads:
         torch.set_num_threads(args.threads)
+    return _loader(args)()
+
+
+def _loader(args):
+    """``() -> (model, tokenizer)`` as this command loads them; picklable, for worker processes."""
+    import functools
+
+    import torch
+
+    from ..models import load
+
     device = resolve.resolve_device(args.device)
-    return load(args.model, device=device, dtype=getattr(torch, args.dtype))
+    return functools.partial(load, args.model, device=device, dtype=getattr(torch, args.dtype))
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -229,10 +238,12 @@ def _selections(text: str) -> list[str]:
 
 
 def _cmd_frontier(args: argparse.Namespace) -> int:
+    from ..runs.provenance import check_clean_source
     from .frontier import SELECTIONS, FrontierConfig, frontier
     from .prompts import check_calibration_seed
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
+    source_diff = check_clean_source(args.allow_dirty)
     config = FrontierConfig(
         budgets=args.budgets, selections=args.selections or SELECTIONS, sinks=args.sinks, stream_window=args.stream_window,
         samples=args.samples, calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
@@ -241,9 +252,9 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     with RunLock(check_run_dir(args.out)):
         model, tok = _load(args)
         t0 = time.perf_counter()
-        points = frontier(
-            model, tok, args.context, config, args.out, name=args.model, progress=not args.no_progress
-        )
+        points = frontier(model, tok, args.context, config, args.out, name=args.model, progress=not args.no_progress,
+                          workers=args.workers, ray=args.ray, model_factory=_loader(args),
+                          source_diff=source_diff)  # fmt: skip
     print((Path(args.out) / "frontier.md").read_text())
     print(
         json.dumps(
@@ -287,6 +298,8 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
     cli_args.add_out(p, "runs/frontier", help="run folder (resumes if it exists)")
     p.add_argument("--new-run", action="store_true",
                    help="start over in --out: its calibrations and rows are moved aside, not mixed with the new ones")  # fmt: skip
+    cli_args.add_scheduler(p, unit="the evaluation's cells (calibration stays in this process)")
+    cli_args.add_allow_dirty(p)
     _add_runtime(p)
     p.set_defaults(func=_cmd_frontier)
 

@@ -150,8 +150,17 @@ def max_units(
 
 
 def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | Path, *, name: str,
-             progress: bool = True, new_run: bool = False) -> list[FrontierPoint]:  # fmt: skip
+             progress: bool = True, new_run: bool = False, workers: int | str | None = None,
+             ray: str | bool | None = None, model_factory: Callable[[], tuple] | None = None,
+             source_diff: str | None = None) -> list[FrontierPoint]:  # fmt: skip
     """Draw the frontier into ``out`` (see the module docstring); returns its points.
+
+    Calibration runs in this process; the evaluation's cells run where ``workers`` / ``ray`` say
+    (``EvalConfig``: local worker processes or Ray tasks), with the same rows as a serial run. The
+    workers load their own copy with ``model_factory`` (a picklable ``() -> (model, tokenizer)``);
+    without one they get a pickled copy of ``model``, and a model calibration converted does not
+    pickle. ``source_diff``: the sha256 of uncommitted source changes the run was allowed to
+    compute with (``runs.check_clean_source``), recorded in every row.
 
     A folder keeps one calibration setting (``fingerprint.json``: the model, context, sinks, stream
     window, calibration prompts, chunk size): a rerun with other budgets, selections or samples adds
@@ -195,8 +204,10 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     use_method(model, "full")
     specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
     ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
-                    seed=cfg.eval_seed, chunk_size=cfg.chunk_size, native_sliding=cfg.native_sliding)  # fmt: skip
-    store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress)
+                    seed=cfg.eval_seed, chunk_size=cfg.chunk_size, native_sliding=cfg.native_sliding,
+                    workers=workers, ray=ray)  # fmt: skip
+    store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress,
+                     model_factory=model_factory, source_diff=source_diff)  # fmt: skip
     measure_points(points, store.rows(), context, full_bytes)
     write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
     return points

@@ -49,8 +49,8 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
     Returns:
         ``{"from_step", "to_step", "first", "final", "change", "relative", "slope_per_100",
         "validations", "chunks", "mean_chunk_change", "p", "flat"}`` (with per-chunk losses also
-        ``"paired_from_step"`` and ``"min_p"``, and ``"undecided"`` when too few chunks moved), or ``None`` with fewer than two
-        validations on the final validation set.
+        ``"paired_from_step"`` and ``"min_p"``, and ``"undecided"`` when too few chunks moved), or
+        ``None`` with fewer than two validations on the final validation set.
     """
     rows = _validations(Path(path))
     if not rows:
@@ -86,11 +86,13 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
     # The paired test starts at the window's first validation that logged per-chunk losses: a run
     # resumed under a newer trainer logs them only from then on (liger:256 from step 368).
     b = final.get("val_losses")
-    paired = [r for r in window[:-1] if isinstance(r.get("val_losses"), list) and isinstance(b, list)
-              and len(r["val_losses"]) == len(b)]  # fmt: skip
-    a = paired[0]["val_losses"] if paired else None
-    if a is not None and len(a) >= 2:
-        out["paired_from_step"] = int(paired[0]["step"])
+    start = None
+    if isinstance(b, list) and len(b) >= 2:
+        start = next((r for r in window[:-1] if isinstance(r.get("val_losses"), list)
+                      and len(r["val_losses"]) == len(b)), None)  # fmt: skip
+    if start is not None:
+        a = start["val_losses"]
+        out["paired_from_step"] = int(start["step"])
         from scipy.stats import wilcoxon
 
         diffs = [y - x for x, y in zip(a, b)]

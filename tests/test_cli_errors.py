@@ -49,6 +49,8 @@ BAD_INPUTS = [
     (["compare", "--samples", "0"], "must be >= 1, got 0"),
     (["compare", "--samples", "two"], "must be an integer"),
     (["compare", "--workers", "0"], "--workers: must be >= 1, got 0"),
+    # frontier's rows are not per method: --new-run only, no --redo
+    (["frontier", "--redo", "full"], "unrecognized arguments: --redo full"),
     (["compare", "--workers", "2", "--ray"], "not allowed with argument --workers"),
     (["eval", "niah", "--workers", "-3", "--out", "{tmp}/x"], "must be >= 1"),
     (["eval", "lm-eval", "--workers", "0", "--out", "{tmp}/x"], "--workers: must be >= 1, got 0"),

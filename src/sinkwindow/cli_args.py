@@ -582,15 +582,24 @@ def add_no_resume(
     p.add_argument("--no-resume", *aliases, dest="no_resume", action="store_true", help=help)
 
 
-def add_new_run(p: argparse.ArgumentParser, other: Callable[[str], str | None] | None = None) -> None:
-    """``--new-run`` (start the folder over) or ``--redo SPECS`` (start those methods over);
-    ``other`` as in ``MethodsAction`` (names beside specs that ``--redo`` accepts)."""
+def add_new_run(
+    p: argparse.ArgumentParser,
+    other: Callable[[str], str | None] | None = None,
+    *,
+    redo: bool = True,
+    what: str = "the old rows are",
+) -> None:
+    """``--new-run`` (start the folder over) and, with ``redo``, ``--redo SPECS`` (start those methods
+    over); ``other`` as in ``MethodsAction`` (names beside specs that ``--redo`` accepts). A command whose
+    rows are not per method (``frontier``) passes ``redo=False`` and says what moves aside in ``what``."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--new-run",
         action="store_true",
-        help="start over in --out: the old rows are moved aside, not mixed with the new ones",
+        help=f"start over in --out: {what} moved aside, not mixed with the new ones",
     )
+    if not redo:
+        return
     g.add_argument(
         "--redo",
         action=MethodsAction,

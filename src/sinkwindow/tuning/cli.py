@@ -296,8 +296,7 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
     cli_args.add_native_sliding(p, help="every spec's policy on native sliding layers: keep (Gemma 3's local layers on "
                                 "their own window; the budget question is on the globals) or override")  # fmt: skip
     cli_args.add_out(p, "runs/frontier", help="run folder (resumes if it exists)")
-    p.add_argument("--new-run", action="store_true",
-                   help="start over in --out: its calibrations and rows are moved aside, not mixed with the new ones")  # fmt: skip
+    cli_args.add_new_run(p, redo=False, what="its calibrations and rows are")
     cli_args.add_scheduler(p, unit="the evaluation's cells (calibration stays in this process)")
     cli_args.add_allow_dirty(p)
     _add_runtime(p)

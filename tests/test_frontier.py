@@ -93,6 +93,54 @@ def test_a_rerun_calibrates_and_evaluates_nothing_again(drawn, pair, monkeypatch
     assert (out / "eval" / "results.jsonl").read_text() == rows_before
 
 
+def test_lost_points_come_back_from_the_memo_without_running_the_model(drawn, pair, monkeypatch, tmp_path):
+    # A stop inside a calibration keeps every finished run (calibration/runs.jsonl) but no point file.
+    points, out = drawn
+    model, tok = pair
+    memo = [json.loads(line) for line in (out / "calibration" / "runs.jsonl").read_text().splitlines()]
+    keys = [json.dumps(r["key"], sort_keys=True) for r in memo]
+    assert len(keys) == len(set(keys))  # budgets shared their runs: each was computed once
+    assert {r["key"]["kind"] for r in memo} == {"nll", "gates", "mass"}
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "calibration").mkdir()
+    (copy / "calibration" / "runs.jsonl").write_text((out / "calibration" / "runs.jsonl").read_text())
+    (copy / "eval").mkdir()
+    for name in ("results.jsonl", "config.json", "fingerprint.json"):
+        if (out / "eval" / name).exists():
+            (copy / "eval" / name).write_text((out / "eval" / name).read_text())
+    (copy / "fingerprint.json").write_text((out / "fingerprint.json").read_text())
+    from sinkwindow.tuning import gates
+    from sinkwindow.tuning import nll as nll_mod
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("ran the model again")
+
+    monkeypatch.setattr(nll_mod, "answer_nll", no_model)
+    monkeypatch.setattr(gates, "train_gates", no_model)
+    monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.calibrate"), "mass_scores", no_model)
+    again = frontier(model, tok, CONTEXT, CONFIG, copy, name="tiny", progress=False)
+    assert [(p.budget, p.selection, p.spec) for p in again] == [
+        (p.budget, p.selection, p.spec) for p in points
+    ]
+
+
+def test_selections_go_cheapest_first_each_evaluated_before_the_next(pair, tmp_path, monkeypatch):
+    model, tok = pair
+    evaluated = []
+    real = frontier_mod.write_frontier
+
+    def record(points, out, **kw):
+        evaluated.append([(p.selection, p.n) for p in points])
+        return real(points, out, **kw)
+
+    monkeypatch.setattr(frontier_mod, "write_frontier", record)
+    cfg = FrontierConfig(budgets=(0.75,), selections=("layers", "swa"), sinks=(4,), stream_window=64, samples=1,
+                         calib_samples=1)  # fmt: skip
+    frontier(model, tok, CONTEXT, cfg, tmp_path, name="tiny", progress=False)
+    assert evaluated == [[("swa", 3)], [("swa", 3), ("layers", 3)]]
+
+
 def test_bad_frontier_settings_are_refused(pair, tmp_path):
     model, tok = pair
     with pytest.raises(ValueError, match="unknown selection"):
@@ -110,7 +158,8 @@ def test_frontier_cli_parses_budgets_and_selections():
         ["frontier", "--budgets", "0.5,0.125", "--selections", "swa,heads-gates"]
     )
     assert args.budgets == [0.125, 0.5] and args.selections == ["swa", "heads-gates"] and args.context == 4096
-    for bad in (["--budgets", "2"], ["--selections", "heads"]):
+    assert args.pool == 20 and build_parser().parse_args(["frontier", "--pool", "8"]).pool == 8
+    for bad in (["--budgets", "2"], ["--selections", "heads"], ["--pool", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["frontier", *bad])
 

@@ -31,6 +31,7 @@ __all__ = lazy_package(
         ],
         ".frontier": ["FrontierConfig", "FrontierPoint", "frontier"],
         ".mass": ["mass_scores"],
+        ".memo": ["Memo"],
         ".nll": ["answer_nll", "greedy_select", "nll_scores"],
         ".prompts": [
             "CAL_SEED",

@@ -46,6 +46,7 @@ from ..memory import kv_geometry
 from ..method import use_method
 from ..spec import MethodSpec, parse_spec
 from .mass import LAST_QUERIES, mass_scores
+from .memo import Memo, prompts_digest
 from .nll import greedy_runs, greedy_select, mean_nll, nll_scores
 from .prompts import CAL_SEED, CalibrationPrompt, calibration_prompts, check_calibration_seed
 from .units import Unit, check_base_spec, model_units, parse_unit, spec_with_units, unit_label
@@ -118,8 +119,12 @@ def score_units(
     last_queries: int = LAST_QUERIES,
     progress: bool = False,
     native_sliding: str = "override",
+    memo: Memo | None = None,
 ) -> dict[str, dict]:
     """Every criterion's per-unit scores for each base ``swa:W:S``; mass runs once for all bases.
+
+    ``memo``: finished NLL runs and trained gates to reuse, where new ones are kept
+    (``tuning/memo.py``); the mass is one pass and is always computed.
 
     ``native_sliding`` is the policy every hybrid will run under (``apply``'s): with ``"keep"`` the
     NLLs and gates leave native sliding layers on their own window. (The mass is measured under full
@@ -146,14 +151,7 @@ def score_units(
     out: dict[str, dict] = {str(b): {} for b in bases}
     try:
         if "mass" in need:
-            masses = mass_scores(
-                model,
-                prompts,
-                [(b.window, b.sinks) for b in bases],
-                last_queries=last_queries,
-                chunk_size=chunk_size,
-                bar=bar,
-            )
+            masses = _masses(model, prompts, bases, last_queries, chunk_size, bar, memo)
             for b in bases:
                 grid = masses[(b.window, b.sinks)]
                 out[str(b)]["mass"] = [
@@ -162,26 +160,57 @@ def score_units(
         if "nll" in need:
             for b in bases:
                 ref, gains = nll_scores(
-                    model, b, prompts, units, chunk_size=chunk_size, bar=bar, native_sliding=native_sliding
-                )
+                    model, b, prompts, units, chunk_size=chunk_size, bar=bar, native_sliding=native_sliding,
+                    memo=memo,
+                )  # fmt: skip
                 out[str(b)]["nll"] = gains
                 out[str(b)]["nll_base"] = ref
         if "rank" in need:
             for b in bases:
                 out[str(b)]["rank"] = rank_scores({c: out[str(b)][c] for c in ("nll", "mass")})
         if "gates" in need:
-            from .gates import train_gates
-
             use_method(model, "full")  # the gates mix the frozen model's own full attention with SWA
             sequences = [torch.cat([p.input_ids, p.answer_ids], dim=1) for p in prompts]
             for b in bases:
-                trained = train_gates(model, sequences, b, steps=GATE_STEPS, native_sliding=native_sliding)
+                trained = _trained_gates(model, sequences, b, native_sliding, memo)
                 out[str(b)]["gates"] = trained.scores(units)
                 out[str(b)]["gate_losses"] = trained.losses
     finally:
         if bar is not None:
             bar.close()
     return out
+
+
+def _masses(model, prompts, bases, last_queries: int, chunk_size: int, bar, memo: Memo | None) -> dict:
+    """``mass_scores`` for every base's ``(W, S)``, or the grids a ``memo`` kept from the same pass."""
+    shapes = [(b.window, b.sinks) for b in bases]
+    key = {"kind": "mass", "shapes": [list(s) for s in shapes], "last_queries": last_queries,
+           "chunk_size": chunk_size, "prompts": prompts_digest(prompts)}  # fmt: skip
+    hit = None if memo is None else memo.get(key)
+    if hit is not None:
+        if bar is not None:
+            bar.update(len(prompts))
+        return {shape: torch.tensor(grid) for shape, grid in zip(shapes, hit)}
+    masses = mass_scores(model, prompts, shapes, last_queries=last_queries, chunk_size=chunk_size, bar=bar)
+    if memo is not None:
+        memo.put(key, [masses[shape].tolist() for shape in shapes])
+    return masses
+
+
+def _trained_gates(model, sequences, base: MethodSpec, native_sliding: str, memo: Memo | None):
+    """``train_gates`` on ``base``, or the gates a ``memo`` kept from the same run (they depend on
+    the prompts and the base, not on how many heads are then kept)."""
+    from .gates import GateResult, train_gates
+
+    key = {"kind": "gates", "spec": str(base), "native_sliding": native_sliding, "steps": GATE_STEPS,
+           "prompts": prompts_digest(sequences)}  # fmt: skip
+    hit = None if memo is None else memo.get(key)
+    if hit is not None:
+        return GateResult(alpha=hit["alpha"], losses=hit["losses"])
+    trained = train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding)
+    if memo is not None:
+        memo.put(key, {"alpha": trained.alpha, "losses": trained.losses})
+    return trained
 
 
 @dataclass
@@ -297,6 +326,7 @@ def calibrate(
     pool: int | None = None,
     sinks: Sequence[int] | None = None,
     native_sliding: str = "override",
+    memo: Memo | None = None,
 ) -> CalibrationResult:
     """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
 
@@ -320,6 +350,9 @@ def calibrate(
         native_sliding: the policy the hybrid will run under (``apply``'s). ``"keep"`` (Gemma 3 as
             its local layers were trained) leaves native sliding layers on their own window and
             scores only the global layers' units; apply the result with the same policy.
+        memo: finished runs (answer NLLs, trained gates) to reuse and to keep as they finish
+            (``tuning/memo.py``): with one on disk a stopped calibration resumes at the run it was
+            in, and calibrations on the same prompts share their runs. The result is the same.
 
     Returns:
         A :class:`CalibrationResult`; the model is left in full attention.
@@ -338,14 +371,14 @@ def calibrate(
     criteria = [criterion] if criterion in ("mass", "rank") else [criterion, "mass"]
     all_scores = score_units(
         model, prompts, bases, units, criteria, chunk_size=chunk_size, last_queries=last_queries,
-        progress=progress, native_sliding=native_sliding,
+        progress=progress, native_sliding=native_sliding, memo=memo,
     )  # fmt: skip
     tried = [
         _choose_on_base(model, b, units, all_scores[str(b)], criterion, select, prompts, k, pool, chunk_size,
-                        progress, native_sliding)
+                        progress, native_sliding, memo)
         for b in bases
     ]  # fmt: skip
-    best = _best_sinks(model, tried, prompts, chunk_size, native_sliding)
+    best = _best_sinks(model, tried, prompts, chunk_size, native_sliding, memo)
     base, chosen, spec, scores, steps = (best[key] for key in ("base", "chosen", "spec", "scores", "steps"))
     warnings = native_local_warnings(model.config, chosen, length)
     for w in warnings:
@@ -380,14 +413,13 @@ def calibrate(
     )
 
 
-def _choose_on_base(
-    model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress, native_sliding
-) -> dict:
+def _choose_on_base(model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress,
+                    native_sliding, memo) -> dict:  # fmt: skip
     """The K units kept full on one streaming base ``swa:W:S``: top-K by ``criterion``, or greedy."""
     steps: list[dict] = []
     if select == "greedy":
         chosen, steps = _greedy(
-            model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding
+            model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo
         )
     else:
         chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
@@ -402,14 +434,14 @@ def _choose_on_base(
     }
 
 
-def _best_sinks(model, tried: list[dict], prompts, chunk_size: int, native_sliding: str) -> dict:
+def _best_sinks(model, tried: list[dict], prompts, chunk_size: int, native_sliding: str, memo=None) -> dict:
     """Of hybrids built on several sink counts, the one with the lowest answer NLL on the calibration
     prompts (each gets ``"nll"``); ties go to the earlier (fewer) sinks. One hybrid: itself."""
     if len(tried) == 1:
         return tried[0]
     try:
         for t in tried:
-            t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None, native_sliding)
+            t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None, native_sliding, memo)
     finally:
         use_method(model, "full")
     return min(tried, key=lambda t: t["nll"])
@@ -466,7 +498,7 @@ def _check_calibration(model, method, k, by, criterion, seed, length, select, po
     return base, units, pool
 
 
-def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding):
+def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo=None):
     """``(chosen units, steps)`` of greedy selection over the ``pool`` best single units by NLL."""
     candidates = select_units(units, scores["nll"], pool)
     ref = scores["nll_base"]
@@ -479,7 +511,9 @@ def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, 
     try:
         return greedy_select(
             candidates, k,
-            lambda kept: mean_nll(model, spec_with_units(base, kept), prompts, chunk_size, bar, native_sliding),
+            lambda kept: mean_nll(
+                model, spec_with_units(base, kept), prompts, chunk_size, bar, native_sliding, memo
+            ),
             first=first,
         )  # fmt: skip
     finally:

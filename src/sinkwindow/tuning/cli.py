@@ -245,7 +245,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
     check_calibration_seed(args.seed, "--seed")  # before the model loads
     source_diff = check_clean_source(args.allow_dirty)
     config = FrontierConfig(
-        budgets=args.budgets, selections=args.selections or SELECTIONS, sinks=args.sinks, stream_window=args.stream_window,
+        budgets=args.budgets, selections=args.selections or SELECTIONS, sinks=args.sinks, stream_window=args.stream_window, greedy_pool=args.pool,
         samples=args.samples, calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
         chunk_size=args.chunk_size, native_sliding=args.native_sliding,
     )  # fmt: skip
@@ -286,6 +286,9 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
                    help="sink counts each selection may use, the best by calibration NLL (default: 4,64)")  # fmt: skip
     p.add_argument("--stream-window", type=cli_args.integer(2, what="--stream-window"), default=256,
                    help="W of the hybrids' streaming side (default: %(default)s)")  # fmt: skip
+    p.add_argument("--pool", type=cli_args.integer(1, what="--pool"), default=20, metavar="P",
+                   help="the greedy layer selection's candidates, the P best single layers, the same at every "
+                   "budget so they walk one greedy path (default: %(default)s; at least K)")  # fmt: skip
     p.add_argument("--samples", type=cli_args.integer(1, what="--samples"), default=30,
                    help="held-out samples per S-NIAH task (default: %(default)s)")  # fmt: skip
     p.add_argument("--calib-samples", type=cli_args.integer(1, what="--calib-samples"), default=4,

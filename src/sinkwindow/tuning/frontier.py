@@ -4,10 +4,17 @@ the best spec each way of choosing one reaches, measured held out against full a
 The ways (``SELECTIONS``), each at the budget and with its best sink count S among ``sinks``:
 
 - ``swa``: plain SWA(W, S) at the largest W that fits; S by the calibration answer NLL.
-- ``layers``: SWA(``stream_window``, S) with as many whole layers full as fit, chosen greedily by
-  the answer NLL (``calibrate --full-layers K --criterion nll --select greedy``).
 - ``heads-nll``: as many KV heads full as fit, the best single heads by NLL gain.
 - ``heads-gates``: as many KV heads full as fit, by DuoAttention's trained gates.
+- ``layers``: SWA(``stream_window``, S) with as many whole layers full as fit, chosen greedily by
+  the answer NLL (``calibrate --full-layers K --criterion nll --select greedy``) from one pool of
+  candidates for every budget (``greedy_pool``), so the budgets walk one greedy path.
+
+Calibration is most of the cost (on one CPU thread about a minute per run of four 4K-token
+prompts, hundreds of runs), so every finished run is kept in ``OUT/calibration/runs.jsonl``
+(``tuning/memo.py``): budgets share their single-unit scores, gates and greedy steps, and a stopped
+calibration resumes at the run it was in. Selections go one at a time, cheapest first, each
+calibrated at every budget and then evaluated, so a stopped frontier has whole points to show.
 
 The units are chosen on calibration prompts (a seed no evaluation uses, ``prompts.CAL_SEED``); every
 chosen spec and full attention then run S-NIAH-1/2/3 at the context on the evaluation seed through
@@ -40,6 +47,7 @@ from ..memory import analytic_state_bytes
 from ..method import use_method
 from ..spec import MethodSpec, parse_spec
 from .calibrate import calibrate
+from .memo import Memo
 from .nll import mean_nll
 from .prompts import CAL_SEED, calibration_prompts, check_calibration_seed
 from .units import model_units, spec_with_units
@@ -57,7 +65,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SELECTIONS = ("swa", "layers", "heads-nll", "heads-gates")
+SELECTIONS = ("swa", "heads-nll", "heads-gates", "layers")
 # How each selection calibrates: (units, criterion, select).
 _CALIBRATION = {
     "layers": ("layer", "nll", "greedy"),
@@ -75,6 +83,8 @@ class FrontierConfig:
         selections: the ways of choosing a spec (``SELECTIONS``).
         sinks: sink counts each selection may use (the best by calibration answer NLL is kept).
         stream_window: W of the streaming side of the hybrids (DuoAttention: 64 sinks + 256 recent).
+        greedy_pool: candidates of the greedy layer selection, the best single layers by NLL, the
+            same at every budget (at least K, at most the layers there are).
         samples: held-out samples per S-NIAH task (on the evaluation seed ``eval_seed``).
         calib_samples / calib_length: calibration prompts and their length (default: the context).
         native_sliding: ``apply``'s policy for every spec: ``"keep"`` leaves native sliding layers
@@ -85,6 +95,7 @@ class FrontierConfig:
     selections: Sequence[str] = SELECTIONS
     sinks: Sequence[int] = (4, 64)
     stream_window: int = 256
+    greedy_pool: int = 20
     samples: int = 30
     calib_samples: int = 4
     calib_length: int | None = None
@@ -155,6 +166,8 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
              source_diff: str | None = None) -> list[FrontierPoint]:  # fmt: skip
     """Draw the frontier into ``out`` (see the module docstring); returns its points.
 
+    Selections go one at a time: each is calibrated at every budget, then its specs (and full
+    attention) are evaluated and ``frontier.*`` rewritten with every point so far.
     Calibration runs in this process; the evaluation's cells run where ``workers`` / ``ray`` say
     (``EvalConfig``: local worker processes or Ray tasks), with the same rows as a serial run. The
     workers load their own copy with ``model_factory`` (a picklable ``() -> (model, tokenizer)``);
@@ -193,30 +206,40 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     prompts = functools.cache(
         lambda: calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
     )
+    memo = Memo(out / "calibration" / "runs.jsonl")
     points = []
-    for budget in cfg.budgets:
-        for selection in cfg.selections:
+    for selection in sorted(cfg.selections, key=SELECTIONS.index):  # cheapest first
+        for budget in cfg.budgets:
             point = _choose(
-                model, tokenizer, prompts, selection, budget, int(budget * full_bytes), context, cfg, out
+                model,
+                tokenizer,
+                prompts,
+                selection,
+                budget,
+                int(budget * full_bytes),
+                context,
+                cfg,
+                out,
+                memo,
             )
             if point is not None:
                 points.append(point)
-    use_method(model, "full")
-    specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
-    ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
-                    seed=cfg.eval_seed, chunk_size=cfg.chunk_size, native_sliding=cfg.native_sliding,
-                    workers=workers, ray=ray)  # fmt: skip
-    store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress,
-                     model_factory=model_factory, source_diff=source_diff)  # fmt: skip
-    measure_points(points, store.rows(), context, full_bytes)
-    write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
+        use_method(model, "full")
+        specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
+        ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
+                        seed=cfg.eval_seed, chunk_size=cfg.chunk_size, native_sliding=cfg.native_sliding,
+                        workers=workers, ray=ray)  # fmt: skip
+        store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress,
+                         model_factory=model_factory, source_diff=source_diff)  # fmt: skip
+        measure_points(points, store.rows(), context, full_bytes)
+        write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
     return points
 
 
 def _settings(cfg: FrontierConfig, name: str, context: int, model) -> dict:
     """What a point's calibration depends on (budgets, selections and samples only add points or rows)."""
     return {"model": name, "context": context, "sinks": sorted(set(cfg.sinks)), "stream_window": cfg.stream_window,
-            "calib_samples": cfg.calib_samples, "calib_length": cfg.calib_length or context, "seed": cfg.seed,
+            "greedy_pool": cfg.greedy_pool, "calib_samples": cfg.calib_samples, "calib_length": cfg.calib_length or context, "seed": cfg.seed,
             "chunk_size": cfg.chunk_size, "dtype": str(model.dtype).removeprefix("torch."),
             "native_sliding": cfg.native_sliding}  # fmt: skip
 
@@ -242,7 +265,7 @@ def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
 
 
 def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
-            cfg: FrontierConfig, out: Path) -> FrontierPoint | None:  # fmt: skip
+            cfg: FrontierConfig, out: Path, memo: Memo | None = None) -> FrontierPoint | None:  # fmt: skip
     """One point's spec, from its saved calibration when there is one; ``None`` when nothing fits."""
     path = out / "calibration" / f"{selection}-{budget:g}.json"
     if path.exists():
@@ -258,7 +281,9 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
         if not specs:
             return None
         try:
-            nll = {str(sp): mean_nll(model, sp, prompts(), cfg.chunk_size, None, policy) for sp in specs}
+            nll = {
+                str(sp): mean_nll(model, sp, prompts(), cfg.chunk_size, None, policy, memo) for sp in specs
+            }
         finally:
             use_method(model, "full")
         spec = min(specs, key=lambda sp: nll[str(sp)])
@@ -274,10 +299,15 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
         k = max_units(base, model.config, by, context, budget_bytes, dtype, policy)
         if k < 1:
             return None
+        pool = (
+            min(len(model_units(model.config, by, policy)), max(cfg.greedy_pool, k))
+            if select == "greedy"
+            else None
+        )
         res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=cfg.calib_samples,
                         length=cfg.calib_length or context, seed=cfg.seed,
-                        chunk_size=cfg.chunk_size, progress=False, select=select, sinks=sinks,
-                        native_sliding=policy)  # fmt: skip
+                        chunk_size=cfg.chunk_size, progress=False, select=select, pool=pool, sinks=sinks,
+                        native_sliding=policy, memo=memo)  # fmt: skip
         spec = parse_spec(res.spec)
     kv = analytic_state_bytes(spec, model.config, context, dtype=dtype, native_sliding=policy)
     assert kv <= budget_bytes, f"{spec} costs {kv} bytes, over the budget of {budget_bytes}"

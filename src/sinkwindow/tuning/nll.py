@@ -12,10 +12,11 @@ from ..method import use_method
 from ..patch import make_cache
 from ..prefill import prefill
 from ..spec import MethodSpec
+from .memo import Memo, prompts_digest
 from .prompts import CalibrationPrompt
 from .units import Unit, check_base_spec, spec_with_units, unit_label
 
-__all__ = ["answer_nll", "mean_nll", "nll_scores", "greedy_select", "greedy_runs"]
+__all__ = ["answer_nll", "mean_nll", "nll_key", "nll_scores", "greedy_select", "greedy_runs"]
 
 
 @torch.no_grad()
@@ -38,6 +39,13 @@ def answer_nll(model, prompt: CalibrationPrompt, chunk_size: int = 512) -> float
     return float(-lp.gather(-1, answer[0].to(lp.device)[:, None]).mean())
 
 
+def nll_key(spec: MethodSpec | str, prompts: Sequence[CalibrationPrompt], chunk_size: int,
+            native_sliding: str) -> dict:  # fmt: skip
+    """What a mean answer NLL depends on, within one model: its :class:`Memo` key."""
+    return {"kind": "nll", "spec": str(spec), "native_sliding": native_sliding, "chunk_size": chunk_size,
+            "prompts": prompts_digest(prompts)}  # fmt: skip
+
+
 def mean_nll(
     model,
     spec: MethodSpec,
@@ -45,15 +53,28 @@ def mean_nll(
     chunk_size: int,
     bar,
     native_sliding: str = "override",
+    memo: Memo | None = None,
 ) -> float:
-    """Mean of ``answer_nll`` over ``prompts`` with ``model`` put into ``spec`` (left there)."""
+    """Mean of ``answer_nll`` over ``prompts`` with ``model`` put into ``spec`` (left there).
+
+    With a ``memo`` holding this run (``nll_key``) the stored NLL comes back and the model is not
+    touched; a computed one is stored there before it is returned.
+    """
+    key = None if memo is None else nll_key(spec, prompts, chunk_size, native_sliding)
+    if key is not None and (hit := memo.get(key)) is not None:
+        if bar is not None:
+            bar.update(len(prompts))
+        return float(hit)
     use_method(model, spec, native_sliding=native_sliding)
     total = 0.0
     for p in prompts:
         total += answer_nll(model, p, chunk_size)
         if bar is not None:
             bar.update(1)
-    return total / len(prompts)
+    nll = total / len(prompts)
+    if key is not None:
+        memo.put(key, nll)
+    return nll
 
 
 def nll_scores(
@@ -65,19 +86,20 @@ def nll_scores(
     chunk_size: int = 512,
     bar=None,
     native_sliding: str = "override",
+    memo: Memo | None = None,
 ) -> tuple[float, list[float]]:
     """NLL gain of each unit kept full alone: ``nll(base) - nll(base+full:unit)``.
 
-    Leaves the model in full attention.
+    Leaves the model in full attention. ``memo``: finished runs to reuse and keep (``mean_nll``).
 
     Returns:
         ``(nll of base, [gain per unit])``, nats per answer token, averaged over prompts.
     """
     base = check_base_spec(base)
     try:
-        ref = mean_nll(model, base, prompts, chunk_size, bar, native_sliding)
+        ref = mean_nll(model, base, prompts, chunk_size, bar, native_sliding, memo)
         gains = [
-            ref - mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar, native_sliding)
+            ref - mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar, native_sliding, memo)
             for u in units
         ]
     finally:

@@ -268,6 +268,12 @@ def test_frontier_evaluates_on_workers_with_the_serial_rows_and_refuses_dirty_so
     assert rows(tmp_path / "workers") == rows(tmp_path / "serial") and len(rows(tmp_path / "serial")) == 12
     sessions = (tmp_path / "workers" / "eval" / "sessions.jsonl").read_text()
     assert "2 local worker process" in sessions
+    # Other calibration settings in the same folder: refused in one line naming --new-run, which works.
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "serial"), "--pool", "3"]) == 2
+    assert "greedy_pool: 20 -> 3" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "serial"), "--pool", "3", "--new-run"]) == 0
+    assert [d.name[:9] for d in (tmp_path / "serial").glob("previous-*")] == ["previous-"]
 
     monkeypatch.setattr(
         provenance, "source_state", lambda: {"commit": "abc", "dirty": True, "diff_sha256": "d" * 64}

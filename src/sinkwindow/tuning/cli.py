@@ -254,7 +254,7 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         points = frontier(model, tok, args.context, config, args.out, name=args.model, progress=not args.no_progress,
                           workers=args.workers, ray=args.ray, model_factory=_loader(args),
-                          source_diff=source_diff)  # fmt: skip
+                          source_diff=source_diff, new_run=args.new_run)  # fmt: skip
     print((Path(args.out) / "frontier.md").read_text())
     print(
         json.dumps(

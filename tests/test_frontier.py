@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import pytest
 import torch
@@ -123,6 +124,25 @@ def test_lost_points_come_back_from_the_memo_without_running_the_model(drawn, pa
     assert [(p.budget, p.selection, p.spec) for p in again] == [
         (p.budget, p.selection, p.spec) for p in points
     ]
+
+
+def test_a_point_costs_every_run_it_used_also_those_an_earlier_point_paid_for(drawn):
+    points, out = drawn
+    memo = [json.loads(line) for line in (out / "calibration" / "runs.jsonl").read_text().splitlines()]
+    assert all(r["cpu_s"] > 0 for r in memo)
+    by = {(p.budget, p.selection): p for p in points}
+    first, second = by[(0.4, "heads-nll")], by[(0.75, "heads-nll")]
+    # The second budget reuses the first's single-head NLLs: it spent less here than it costs alone.
+    assert first.calib_cpu_minutes == pytest.approx(first.calib_cpu_minutes_here, abs=2e-4)
+    assert second.calib_cpu_minutes_here < 0.5 * second.calib_cpu_minutes
+    # ... and its cost alone counts them: every single-head NLL on both sink bases (swa:64:0 and swa:64:4).
+    single_head = re.compile(r"swa:64:[04]\+full:\d+\.\d+")
+    singles = sum(
+        r["cpu_s"] for r in memo if r["key"]["kind"] == "nll" and single_head.fullmatch(r["key"]["spec"])
+    )
+    assert sum(bool(single_head.fullmatch(r["key"]["spec"])) for r in memo if r["key"]["kind"] == "nll") == 8
+    assert second.calib_cpu_minutes * 60 >= singles - 0.01
+    assert "alone / here" in (out / "frontier.md").read_text()
 
 
 def test_selections_go_cheapest_first_each_evaluated_before_the_next(pair, tmp_path, monkeypatch):

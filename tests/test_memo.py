@@ -41,6 +41,25 @@ def test_memo_keeps_finished_runs_across_processes_and_skips_a_torn_line(tmp_pat
     assert in_memory.get({"a": 1}) == [1, 2] and in_memory.path is None
 
 
+def test_a_tally_counts_every_run_used_with_the_cpu_it_cost_where_it_was_computed(tmp_path):
+    memo = Memo(tmp_path / "runs.jsonl")
+    memo.put({"run": 1}, 0.5, cpu_s=60.0)  # computed before any tally, e.g. by an earlier point
+    with memo.tally() as outer:
+        assert memo.get({"run": 1}) == 0.5
+        with memo.tally() as inner:
+            memo.put({"run": 2}, 0.25, cpu_s=30.0)
+            assert memo.get({"run": 2}) == 0.25  # used twice, counted once
+        assert memo.get({"run": 3}) is None  # not computed: costs nothing
+    assert outer.cpu_s == 90.0 and outer.computed_cpu_s == 30.0
+    assert inner.cpu_s == 30.0 and inner.computed_cpu_s == 30.0
+    with Memo(tmp_path / "runs.jsonl").tally() as t:  # the cost is kept on disk with the run
+        pass
+    again = Memo(tmp_path / "runs.jsonl")
+    with again.tally() as t:
+        again.get({"run": 1}), again.get({"run": 2})
+    assert t.cpu_s == 90.0 and t.computed_cpu_s == 0.0
+
+
 def test_prompt_digest_changes_with_any_token(pair):
     prompts = calibration_prompts(pair[1], samples=2, length=LENGTH)
     other = calibration_prompts(pair[1], samples=2, length=LENGTH, seed=CAL_SEED + 1)

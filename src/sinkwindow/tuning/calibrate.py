@@ -191,9 +191,10 @@ def _masses(model, prompts, bases, last_queries: int, chunk_size: int, bar, memo
         if bar is not None:
             bar.update(len(prompts))
         return {shape: torch.tensor(grid) for shape, grid in zip(shapes, hit)}
+    t0 = time.process_time()
     masses = mass_scores(model, prompts, shapes, last_queries=last_queries, chunk_size=chunk_size, bar=bar)
     if memo is not None:
-        memo.put(key, [masses[shape].tolist() for shape in shapes])
+        memo.put(key, [masses[shape].tolist() for shape in shapes], time.process_time() - t0)
     return masses
 
 
@@ -207,9 +208,10 @@ def _trained_gates(model, sequences, base: MethodSpec, native_sliding: str, memo
     hit = None if memo is None else memo.get(key)
     if hit is not None:
         return GateResult(alpha=hit["alpha"], losses=hit["losses"])
+    t0 = time.process_time()
     trained = train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding)
     if memo is not None:
-        memo.put(key, {"alpha": trained.alpha, "losses": trained.losses})
+        memo.put(key, {"alpha": trained.alpha, "losses": trained.losses}, time.process_time() - t0)
     return trained
 
 

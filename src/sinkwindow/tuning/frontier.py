@@ -107,7 +107,13 @@ class FrontierConfig:
 
 @dataclass
 class FrontierPoint:
-    """One (budget, selection) point; ``recovery`` is the S-NIAH average ÷ full attention's, in %."""
+    """One (budget, selection) point; ``recovery`` is the S-NIAH average ÷ full attention's, in %.
+
+    ``calib_cpu_minutes`` is what the point's calibration costs alone: the CPU of every run it used,
+    wherever in the frontier that run was first computed (``Memo.tally``), and of its own work
+    besides; ``calib_cpu_minutes_here`` is what the process that wrote the point spent on it (runs
+    it found in the memo, shared with earlier points or kept from a stopped process, cost nothing).
+    """
 
     budget: float
     selection: str
@@ -121,6 +127,7 @@ class FrontierPoint:
     hi: float | None = None
     n: int = 0
     p_vs_full: float | None = None
+    calib_cpu_minutes_here: float | None = None
 
 
 def largest_window(
@@ -265,12 +272,30 @@ def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
 
 
 def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
-            cfg: FrontierConfig, out: Path, memo: Memo | None = None) -> FrontierPoint | None:  # fmt: skip
-    """One point's spec, from its saved calibration when there is one; ``None`` when nothing fits."""
+            cfg: FrontierConfig, out: Path, memo: Memo) -> FrontierPoint | None:  # fmt: skip
+    """One point, from its saved calibration when there is one; ``None`` when nothing fits."""
     path = out / "calibration" / f"{selection}-{budget:g}.json"
     if path.exists():
         return FrontierPoint(**json.loads(path.read_text()))
     t0 = time.process_time()
+    with memo.tally() as tally:
+        spec = _calibrate_point(model, tokenizer, prompts, selection, budget_bytes, context, cfg, memo)
+    if spec is None:
+        return None
+    here = time.process_time() - t0
+    alone = here - tally.computed_cpu_s + tally.cpu_s
+    dtype, policy = model.dtype, cfg.native_sliding
+    kv = analytic_state_bytes(spec, model.config, context, dtype=dtype, native_sliding=policy)
+    assert kv <= budget_bytes, f"{spec} costs {kv} bytes, over the budget of {budget_bytes}"
+    point = FrontierPoint(budget, selection, str(spec), kv, 0.0, round(alone / 60, 4),
+                          calib_cpu_minutes_here=round(here / 60, 4))  # fmt: skip
+    path.write_text(json.dumps(asdict(point), indent=2))
+    return point
+
+
+def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: str, budget_bytes: int, context: int,
+                     cfg: FrontierConfig, memo: Memo) -> MethodSpec | None:  # fmt: skip
+    """The spec ``selection`` chooses within ``budget_bytes``, or ``None`` when nothing fits."""
     dtype, policy = model.dtype, cfg.native_sliding
     if selection == "swa":
         specs = []
@@ -286,7 +311,7 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
             }
         finally:
             use_method(model, "full")
-        spec = min(specs, key=lambda sp: nll[str(sp)])
+        return min(specs, key=lambda sp: nll[str(sp)])
     else:
         by, criterion, select = _CALIBRATION[selection]
         sinks = [s for s in cfg.sinks if s < cfg.stream_window]
@@ -309,11 +334,7 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
                         chunk_size=cfg.chunk_size, progress=False, select=select, pool=pool, sinks=sinks,
                         native_sliding=policy, memo=memo)  # fmt: skip
         spec = parse_spec(res.spec)
-    kv = analytic_state_bytes(spec, model.config, context, dtype=dtype, native_sliding=policy)
-    assert kv <= budget_bytes, f"{spec} costs {kv} bytes, over the budget of {budget_bytes}"
-    point = FrontierPoint(budget, selection, str(spec), kv, 0.0, round((time.process_time() - t0) / 60, 2))
-    path.write_text(json.dumps(asdict(point), indent=2))
-    return point
+    return spec
 
 
 def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, full_bytes: int) -> None:
@@ -356,16 +377,17 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
         + (" (native sliding layers kept on their own window)" if config.native_sliding == "keep" else ""),
         "",
         "S-NIAH-1/2/3 average recovery vs full attention (paired over the same samples, 95% bootstrap "
-        "interval), p of the exact paired sign test against full attention, calibration cost in CPU-minutes.",
+        "interval), p of the exact paired sign test against full attention, calibration cost in CPU-minutes: "
+        "alone (every run the point used) and here (after the points before it shared their runs).",
         "",
-        "| budget | selection | spec | KV (of full) | recovery % | n | p vs full | calibration CPU-min |",
+        "| budget | selection | spec | KV (of full) | recovery % | n | p vs full | calibration CPU-min (alone / here) |",
         "|---:|---|---|---:|---|---:|---:|---:|",
     ]
     for p in points:
         rec = "–" if p.recovery is None else f"{p.recovery:.1f} [{p.lo:.1f}, {p.hi:.1f}]"
         pv = "–" if p.p_vs_full is None else f"{p.p_vs_full:.3g}"
         lines.append(f"| {p.budget:g} | {p.selection} | `{p.spec}` | {100 * p.kv_fraction:.1f}% | {rec} | {p.n} "
-                     f"| {pv} | {p.calib_cpu_minutes:.2f} |")  # fmt: skip
+                     f"| {pv} | {p.calib_cpu_minutes:.2f} / {_minutes(p.calib_cpu_minutes_here)} |")  # fmt: skip
     (out / "frontier.md").write_text("\n".join(lines) + "\n")
     paths = {"json": str(out / "frontier.json"), "md": str(out / "frontier.md")}
     try:
@@ -373,6 +395,10 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
     except ImportError:  # matplotlib is an extra
         logger.warning("no frontier.png: matplotlib is not installed (pip install 'sinkwindow[eval]')")
     return paths
+
+
+def _minutes(m: float | None) -> str:
+    return "–" if m is None else f"{m:.2f}"
 
 
 def _plot(points: list[FrontierPoint], path: Path, model: str, context: int) -> Path:

@@ -8,12 +8,16 @@ many hours of them, and a calibration stopped half-way used to start over. A :cl
 each finished run (an answer NLL, a set of trained gates) so it is computed once, and a stopped
 calibration resumes at the run it was in.
 
-The memo is one JSONL file, a line per finished run, ``{"key": {...}, "value": ...}``, appended
+The memo is one JSONL file, a line per finished run, ``{"key": {...}, "value": ..., "cpu_s": ...}``
+(``cpu_s``: the run's CPU seconds in the process that computed it), appended
 and flushed as soon as the run ends: a crash loses at most the run in flight, and a torn last line
 is skipped on reading (``jsonl.read_jsonl``). The key names everything the value depends on within
 one folder: what was computed (``"kind"``), the spec, the native-sliding policy, the chunk size and
 a digest of the prompts' token ids. The model and context are the folder's own (its fingerprint
 pins them), so one memo file must only ever serve one model.
+
+What a calibration *would* cost alone stays measurable: :meth:`Memo.tally` collects the runs a block
+of code used, found or computed, with their recorded CPU seconds.
 """
 
 from __future__ import annotations
@@ -21,18 +25,38 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..jsonl import read_jsonl
 
-__all__ = ["Memo", "prompts_digest"]
+__all__ = ["Memo", "Tally", "prompts_digest"]
 
 
 def _canonical(key: dict) -> str:
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Tally:
+    """The runs one block used (``Memo.tally``): each run's CPU seconds, and those computed in it."""
+
+    used: dict[str, float] = field(default_factory=dict)
+    computed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of every run the block used, wherever it was computed: its cost alone."""
+        return sum(self.used.values())
+
+    @property
+    def computed_cpu_s(self) -> float:
+        """CPU seconds of the runs computed inside the block."""
+        return sum(self.computed.values())
 
 
 class Memo:
@@ -45,36 +69,57 @@ class Memo:
     def __init__(self, path: str | os.PathLike | None):
         self.path = None if path is None else Path(path)
         self._values: dict[str, object] = {}
+        self._cpu_s: dict[str, float] = {}
+        self._tallies: list[Tally] = []
         self.hits = 0
         if self.path is not None:
             rows, _ = read_jsonl(self.path)
             for r in rows:
                 if isinstance(r.get("key"), dict) and "value" in r:
-                    self._values[_canonical(r["key"])] = r["value"]
+                    text = _canonical(r["key"])
+                    self._values[text] = r["value"]
+                    self._cpu_s[text] = float(r.get("cpu_s") or 0.0)
 
     def __len__(self) -> int:
         return len(self._values)
 
     def get(self, key: dict):
         """The value stored under ``key``, or ``None``."""
-        value = self._values.get(_canonical(key))
+        text = _canonical(key)
+        value = self._values.get(text)
         if value is not None:
             self.hits += 1
+            for t in self._tallies:
+                t.used[text] = self._cpu_s[text]
         return value
 
-    def put(self, key: dict, value) -> None:
-        """Store ``value`` (JSON, not ``None``) under ``key``; on disk before this returns."""
+    def put(self, key: dict, value, cpu_s: float = 0.0) -> None:
+        """Store ``value`` (JSON, not ``None``) under ``key``, computed in ``cpu_s`` CPU seconds; on
+        disk before this returns."""
         if value is None:
             raise ValueError("a memo stores values, not None (None reads as 'not computed')")
         text = _canonical(key)
         self._values[text] = value
+        self._cpu_s[text] = float(cpu_s)
+        for t in self._tallies:
+            t.used[text] = t.computed[text] = float(cpu_s)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            line = json.dumps({"key": key, "value": value}, sort_keys=True)
+            line = json.dumps({"key": key, "value": value, "cpu_s": round(float(cpu_s), 3)}, sort_keys=True)
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+
+    @contextmanager
+    def tally(self) -> Iterator[Tally]:
+        """Collect the runs used inside the ``with`` block (nested tallies each see them)."""
+        t = Tally()
+        self._tallies.append(t)
+        try:
+            yield t
+        finally:
+            self._tallies.remove(t)
 
 
 def prompts_digest(prompts: Sequence) -> str:

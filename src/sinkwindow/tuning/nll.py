@@ -3,6 +3,7 @@ alone keeps full attention, and greedy selection that re-scores given the units 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -65,6 +66,7 @@ def mean_nll(
         if bar is not None:
             bar.update(len(prompts))
         return float(hit)
+    t0 = time.process_time()
     use_method(model, spec, native_sliding=native_sliding)
     total = 0.0
     for p in prompts:
@@ -73,7 +75,7 @@ def mean_nll(
             bar.update(1)
     nll = total / len(prompts)
     if key is not None:
-        memo.put(key, nll)
+        memo.put(key, nll, time.process_time() - t0)
     return nll
 
 

@@ -93,3 +93,21 @@ def test_keep_trains_only_the_global_layers_gates():
     assert min(result.alpha[2]) < 1.0
     with pytest.raises(ValueError, match="no head to gate"):
         train_gates(tiny_model("mistral"), [_ids()], SPEC, steps=1, native_sliding="keep")
+
+
+def test_a_stopped_training_resumed_from_its_json_state_ends_where_one_run_ends():
+    import json
+
+    model = tiny_model("llama")
+    prompts = [_ids(seed=s) for s in range(3)]
+    whole = train_gates(model, prompts, SPEC, steps=7, lr=0.1, l1=0.5)
+    states = []
+    train_gates(model, prompts, SPEC, steps=7, lr=0.1, l1=0.5, on_step=states.append)
+    assert [st["step"] for st in states] == list(range(1, 8))
+    stopped = json.loads(json.dumps(states[3]))  # what a memo line keeps, after step 4
+    assert stopped["alpha"] != whole.alpha  # the gates had further to go
+    resumed = train_gates(model, prompts, SPEC, steps=7, lr=0.1, l1=0.5, resume=stopped)
+    assert resumed.losses[:4] == whole.losses[:4] and len(resumed.losses) == 7
+    for a, b in zip(resumed.losses[4:], whole.losses[4:]):
+        assert a["distill"] == pytest.approx(b["distill"], rel=1e-5, abs=1e-9)
+    assert torch.allclose(torch.tensor(resumed.alpha), torch.tensor(whole.alpha), atol=1e-6)

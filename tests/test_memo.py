@@ -151,3 +151,34 @@ def test_gates_are_trained_once_per_base_and_prompts(pair, tmp_path, monkeypatch
     with pytest.raises(AssertionError, match="memo had these gates"):  # other prompts: trained again
         calibrate(model, tok, "swa:64:4", 1, by="head", criterion="gates", samples=2, length=LENGTH,
                   progress=False, memo=memo)  # fmt: skip
+
+
+def test_a_stopped_gate_training_resumes_at_its_last_step(pair, tmp_path, monkeypatch):
+    from sinkwindow.tuning import calibrate as calibrate_fn
+    from sinkwindow.tuning import gates
+
+    model, tok = pair
+    args = dict(by="head", criterion="gates", samples=1, length=LENGTH, progress=False)
+    whole = calibrate_fn(model, tok, "swa:64:4", 2, **args)
+    real, calls = gates.gated_forward, []
+
+    def stops_at_step_25(*a, **k):
+        if len(calls) == 25:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*a, **k)
+
+    path = tmp_path / "runs.jsonl"
+    with monkeypatch.context() as m:
+        m.setattr(gates, "gated_forward", stops_at_step_25)
+        with pytest.raises(KeyboardInterrupt):
+            calibrate_fn(model, tok, "swa:64:4", 2, memo=Memo(path), **args)
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["value"]["step"] for r in kept if r["key"]["kind"] == "gates-progress"] == list(range(1, 26))
+    calls.clear()
+    with monkeypatch.context() as m:
+        m.setattr(gates, "gated_forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+        resumed = calibrate_fn(model, tok, "swa:64:4", 2, memo=Memo(path), **args)
+    assert len(calls) == len(whole.gate_losses) - 25  # only the steps left
+    assert resumed.chosen == whole.chosen and resumed.gate_losses[:25] == whole.gate_losses[:25]
+    assert resumed.scores["gates"] == pytest.approx(whole.scores["gates"], abs=1e-6)

@@ -200,18 +200,28 @@ def _masses(model, prompts, bases, last_queries: int, chunk_size: int, bar, memo
 
 def _trained_gates(model, sequences, base: MethodSpec, native_sliding: str, memo: Memo | None):
     """``train_gates`` on ``base``, or the gates a ``memo`` kept from the same run (they depend on
-    the prompts and the base, not on how many heads are then kept)."""
+    the prompts and the base, not on how many heads are then kept). With a memo the training state is
+    kept after every step too (``gates-progress``), so a stopped training resumes at its last step."""
     from .gates import GateResult, train_gates
 
     key = {"kind": "gates", "spec": str(base), "native_sliding": native_sliding, "steps": GATE_STEPS,
            "prompts": prompts_digest(sequences)}  # fmt: skip
-    hit = None if memo is None else memo.get(key)
+    if memo is None:
+        return train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding)
+    hit = memo.get(key)
     if hit is not None:
         return GateResult(alpha=hit["alpha"], losses=hit["losses"])
+    progress_key = {**key, "kind": "gates-progress"}
+    resume = memo.get(progress_key)  # the last state kept (a later line wins), CPU so far inside it
+    spent = 0.0 if resume is None else float(resume["cpu_s"])
     t0 = time.process_time()
-    trained = train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding)
-    if memo is not None:
-        memo.put(key, {"alpha": trained.alpha, "losses": trained.losses}, time.process_time() - t0)
+
+    def keep(state: dict) -> None:
+        memo.put(progress_key, {**state, "cpu_s": spent + time.process_time() - t0})
+
+    trained = train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding,
+                          resume=resume, on_step=keep)  # fmt: skip
+    memo.put(key, {"alpha": trained.alpha, "losses": trained.losses}, spent + time.process_time() - t0)
     return trained
 
 

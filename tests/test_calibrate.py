@@ -399,6 +399,41 @@ def test_calibrate_command_writes_its_files_and_one_json_line(eval_pair_folder, 
     assert rc == 2 and "being written by another run" in capsys.readouterr().err
 
 
+def test_calibrate_command_keeps_its_runs_and_never_hands_them_to_another_model(
+    eval_pair_folder, tmp_path, capsys, monkeypatch
+):
+    import importlib
+
+    from sinkwindow.cli import main
+
+    nll_mod = importlib.import_module("sinkwindow.tuning.nll")
+    out = tmp_path / "cal"
+    argv = ["calibrate", "--method", "swa:64:4", "--full-heads", "1", "--samples", "1", "--length", "512",
+            "--out", str(out), "--no-progress", "--threads", "1"]  # fmt: skip
+    assert main(["calibrate", "--model", str(eval_pair_folder), *argv[1:]]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    def no_model(*a, **k):
+        raise AssertionError("ran the model again")
+
+    with monkeypatch.context() as m:  # the same calibration again: every NLL from runs.jsonl
+        m.setattr(nll_mod, "answer_nll", no_model)
+        assert main(["calibrate", "--model", str(eval_pair_folder), *argv[1:]]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed.strip().splitlines()[-1])["spec"] == first["spec"]
+    assert f"reused 6 finished run(s) kept in {out / 'runs.jsonl'}" in printed  # mass, base, 4 heads
+    # Another model (other weights, same shapes) in the same folder: nothing of the first is reused.
+    other = tmp_path / "other"
+    model, tok = eval_pair()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(1.5)
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    with monkeypatch.context() as m, pytest.raises(AssertionError, match="ran the model again"):
+        m.setattr(nll_mod, "answer_nll", no_model)
+        main(["calibrate", "--model", str(other), *argv[1:]])
+
+
 def test_calibrate_command_greedy_prints_and_saves_its_steps(eval_pair_folder, tmp_path, capsys):
     from sinkwindow.cli import main
 

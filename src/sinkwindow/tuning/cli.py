@@ -101,6 +101,7 @@ def _loader(args):
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate, write_calibration
+    from .memo import Memo, model_digest
     from .prompts import check_calibration_seed
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
@@ -108,13 +109,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     with RunLock(check_run_dir(args.out)):  # one writer per folder, from the model's load to the files
         model, tok = _load(args)
         t0 = time.perf_counter()
+        # Every finished run is kept in --out, so a stopped calibration resumes where it stopped.
+        memo = Memo(Path(args.out) / "runs.jsonl", scope={"model": model_digest(model)})
         result = calibrate(
             model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
             seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
             progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool, sinks=args.sinks,
-            native_sliding=args.native_sliding,
+            native_sliding=args.native_sliding, memo=memo,
         )  # fmt: skip
         paths = write_calibration(result, args.out)
+    if memo.hits:
+        print(f"reused {memo.hits} finished run(s) kept in {memo.path}")
     print(result.table())
     for c in result.scores:
         print(f"top {result.k} by {c}: {','.join(result.top(c))}")
@@ -368,7 +373,8 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     _seed_flag(p, "--seed", CAL_SEED, "seed of the calibration prompts")
     cli_args.add_native_sliding(p, help="the policy the hybrid runs under; keep scores only the global layers' units "
                                 "(apply the spec with --native-sliding keep too)")  # fmt: skip
-    cli_args.add_out(p, "runs/calibrate", help="folder for calibrate.json and calibrate.png")
+    cli_args.add_out(p, "runs/calibrate", help="folder for calibrate.json, calibrate.png and runs.jsonl (every "
+                     "finished run: a stopped calibration resumes, a rerun reuses them)")  # fmt: skip
     _add_runtime(p)
     p.set_defaults(func=_cmd_calibrate)
 

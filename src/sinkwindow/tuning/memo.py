@@ -13,8 +13,9 @@ The memo is one JSONL file, a line per finished run, ``{"key": {...}, "value": .
 and flushed as soon as the run ends: a crash loses at most the run in flight, and a torn last line
 is skipped on reading (``jsonl.read_jsonl``). The key names everything the value depends on within
 one folder: what was computed (``"kind"``), the spec, the native-sliding policy, the chunk size and
-a digest of the prompts' token ids. The model and context are the folder's own (its fingerprint
-pins them), so one memo file must only ever serve one model.
+a digest of the prompts' token ids. The model is either the folder's own (a frontier's fingerprint
+pins it) or named in every key by a ``scope`` (``calibrate --out``: :func:`model_digest`), so a memo
+never hands one model's run to another.
 
 What a calibration *would* cost alone stays measurable: :meth:`Memo.tally` collects the runs a block
 of code used, found or computed, with their recorded CPU seconds.
@@ -34,7 +35,7 @@ import torch
 
 from ..jsonl import read_jsonl
 
-__all__ = ["Memo", "Tally", "prompts_digest"]
+__all__ = ["Memo", "Tally", "model_digest", "prompts_digest"]
 
 
 def _canonical(key: dict) -> str:
@@ -63,11 +64,12 @@ class Memo:
     """A persistent ``key -> value`` store of finished calibration runs (JSON keys and values).
 
     ``Memo(None)`` keeps nothing on disk (a plain dict), so code paths are the same with and
-    without a folder.
+    without a folder. ``scope`` (JSON) goes into every key: runs of another scope are never found.
     """
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, scope: dict | None = None):
         self.path = None if path is None else Path(path)
+        self.scope = scope
         self._values: dict[str, object] = {}
         self._cpu_s: dict[str, float] = {}
         self._tallies: list[Tally] = []
@@ -85,7 +87,7 @@ class Memo:
 
     def get(self, key: dict):
         """The value stored under ``key``, or ``None``."""
-        text = _canonical(key)
+        text = _canonical(self._scoped(key))
         value = self._values.get(text)
         if value is not None:
             self.hits += 1
@@ -98,6 +100,7 @@ class Memo:
         disk before this returns."""
         if value is None:
             raise ValueError("a memo stores values, not None (None reads as 'not computed')")
+        key = self._scoped(key)
         text = _canonical(key)
         self._values[text] = value
         self._cpu_s[text] = float(cpu_s)
@@ -111,6 +114,9 @@ class Memo:
                 f.flush()
                 os.fsync(f.fileno())
 
+    def _scoped(self, key: dict) -> dict:
+        return key if self.scope is None else {**key, "scope": self.scope}
+
     @contextmanager
     def tally(self) -> Iterator[Tally]:
         """Collect the runs used inside the ``with`` block (nested tallies each see them)."""
@@ -120,6 +126,20 @@ class Memo:
             yield t
         finally:
             self._tallies.remove(t)
+
+
+def model_digest(model) -> str:
+    """sha256 (12 hex digits) of a model's config and a sample of every weight: which model a run
+    belongs to, whatever name or folder it was loaded by."""
+    h = hashlib.sha256()
+    config = model.config.to_dict()
+    config.pop("_name_or_path", None)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            h.update(name.encode())
+            h.update(p.detach().flatten()[:256].float().numpy().tobytes())
+    return h.hexdigest()[:12]
 
 
 def prompts_digest(prompts: Sequence) -> str:

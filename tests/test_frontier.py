@@ -75,6 +75,9 @@ def test_recovery_is_the_paired_s_niah_average_against_full(drawn):
         assert p.p_vs_full is not None and 0 <= p.p_vs_full <= 1
     saved = json.loads((out / "frontier.json").read_text())
     assert saved["context"] == CONTEXT and len(saved["points"]) == len(points)
+    # Decoded up to the answer's tokens + 16 (as tune does), not RULER's 128: every method alike.
+    ran = json.loads((out / "eval" / "config.json").read_text())
+    assert ran["niah_max_new_tokens"] is None
     table = (out / "frontier.md").read_text()
     assert all(f"`{p.spec}`" in table for p in points) and (out / "frontier.png").stat().st_size > 1000
 

@@ -123,8 +123,8 @@ def score_units(
 ) -> dict[str, dict]:
     """Every criterion's per-unit scores for each base ``swa:W:S``; mass runs once for all bases.
 
-    ``memo``: finished NLL runs and trained gates to reuse, where new ones are kept
-    (``tuning/memo.py``); the mass is one pass and is always computed.
+    ``memo``: finished runs to reuse (NLLs, the mass pass, trained gates and the gates' training
+    state after each step), where new ones are kept as they finish (``tuning/memo.py``).
 
     ``native_sliding`` is the policy every hybrid will run under (``apply``'s): with ``"keep"`` the
     NLLs and gates leave native sliding layers on their own window. (The mass is measured under full
@@ -362,9 +362,10 @@ def calibrate(
         native_sliding: the policy the hybrid will run under (``apply``'s). ``"keep"`` (Gemma 3 as
             its local layers were trained) leaves native sliding layers on their own window and
             scores only the global layers' units; apply the result with the same policy.
-        memo: finished runs (answer NLLs, trained gates) to reuse and to keep as they finish
-            (``tuning/memo.py``): with one on disk a stopped calibration resumes at the run it was
-            in, and calibrations on the same prompts share their runs. The result is the same.
+        memo: finished runs (answer NLLs, the mass pass, trained gates and their state after each
+            step) to reuse and to keep as they finish (``tuning/memo.py``): with one on disk a
+            stopped calibration resumes at the run (or gate step) it was in, and calibrations on the
+            same prompts share their runs. The result is the same.
 
     Returns:
         A :class:`CalibrationResult`; the model is left in full attention.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from conftest import eval_pair
 from sinkwindow.tuning import CAL_SEED, calibrate, calibration_prompts
@@ -61,24 +60,12 @@ def test_a_tally_counts_every_run_used_with_the_cpu_it_cost_where_it_was_compute
     assert t.cpu_s == 90.0 and t.computed_cpu_s == 0.0
 
 
-def test_a_scoped_memo_finds_only_its_own_scope(tmp_path, pair):
-    from sinkwindow.tuning.memo import model_digest
-
+def test_a_scoped_memo_finds_only_its_own_scope(tmp_path):
     path = tmp_path / "runs.jsonl"
     Memo(path, scope={"model": "a"}).put({"kind": "nll"}, 1.0)
     assert Memo(path, scope={"model": "a"}).get({"kind": "nll"}) == 1.0
     assert Memo(path, scope={"model": "b"}).get({"kind": "nll"}) is None
     assert Memo(path).get({"kind": "nll"}) is None
-    model = pair[0]
-    before = model_digest(model)
-    assert model_digest(model) == before and len(before) == 12
-    with torch.no_grad():
-        model.model.norm.weight.add_(1e-3)
-    try:
-        assert model_digest(model) != before
-    finally:
-        with torch.no_grad():
-            model.model.norm.weight.sub_(1e-3)
 
 
 def test_prompt_digest_changes_with_any_token(pair):

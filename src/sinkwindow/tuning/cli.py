@@ -100,8 +100,9 @@ def _loader(args):
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from ..eval.fingerprint import model_identity
     from .calibrate import calibrate, write_calibration
-    from .memo import Memo, model_digest
+    from .memo import Memo
     from .prompts import check_calibration_seed
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
@@ -110,7 +111,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         model, tok = _load(args)
         t0 = time.perf_counter()
         # Every finished run is kept in --out, so a stopped calibration resumes where it stopped.
-        memo = Memo(Path(args.out) / "runs.jsonl", scope={"model": model_digest(model)})
+        # The model as the evaluation's rows name it (its file's sha256, folder digest or hub revision).
+        scope = {"model": args.model, "model_file": model_identity(args.model, model),
+                 "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+        memo = Memo(Path(args.out) / "runs.jsonl", scope=scope)
         result = calibrate(
             model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
             seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,

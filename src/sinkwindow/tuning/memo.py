@@ -14,8 +14,8 @@ and flushed as soon as the run ends: a crash loses at most the run in flight, an
 is skipped on reading (``jsonl.read_jsonl``). The key names everything the value depends on within
 one folder: what was computed (``"kind"``), the spec, the native-sliding policy, the chunk size and
 a digest of the prompts' token ids. The model is either the folder's own (a frontier's fingerprint
-pins it) or named in every key by a ``scope`` (``calibrate --out``: :func:`model_digest`), so a memo
-never hands one model's run to another.
+pins it) or named in every key by a ``scope`` (``calibrate --out``: the model file's identity and
+dtype, ``eval.fingerprint.model_identity``), so a memo never hands one model's run to another.
 
 What a calibration *would* cost alone stays measurable: :meth:`Memo.tally` collects the runs a block
 of code used, found or computed, with their recorded CPU seconds.
@@ -35,7 +35,7 @@ import torch
 
 from ..jsonl import read_jsonl
 
-__all__ = ["Memo", "Tally", "model_digest", "prompts_digest"]
+__all__ = ["Memo", "Tally", "prompts_digest"]
 
 
 def _canonical(key: dict) -> str:
@@ -126,20 +126,6 @@ class Memo:
             yield t
         finally:
             self._tallies.remove(t)
-
-
-def model_digest(model) -> str:
-    """sha256 (12 hex digits) of a model's config and a sample of every weight: which model a run
-    belongs to, whatever name or folder it was loaded by."""
-    h = hashlib.sha256()
-    config = model.config.to_dict()
-    config.pop("_name_or_path", None)
-    h.update(json.dumps(config, sort_keys=True, default=str).encode())
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().flatten()[:256].float().numpy().tobytes())
-    return h.hexdigest()[:12]
 
 
 def prompts_digest(prompts: Sequence) -> str:

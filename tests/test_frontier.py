@@ -140,7 +140,6 @@ def test_a_point_costs_every_run_it_used_also_those_an_earlier_point_paid_for(dr
     first, second = by[(0.4, "heads-nll")], by[(0.75, "heads-nll")]
     # The second budget reuses the first's single-head NLLs: it spent less here than it costs alone.
     assert first.calib_cpu_minutes == pytest.approx(first.calib_cpu_minutes_here, abs=2e-4)
-    assert second.calib_cpu_minutes_here < 0.5 * second.calib_cpu_minutes
     # ... and its cost alone counts them: every single-head NLL on both sink bases (swa:64:0 and swa:64:4).
     single_head = re.compile(r"swa:64:[04]\+full:\d+\.\d+")
     singles = sum(
@@ -148,6 +147,8 @@ def test_a_point_costs_every_run_it_used_also_those_an_earlier_point_paid_for(dr
     )
     assert sum(bool(single_head.fullmatch(r["key"]["spec"])) for r in memo if r["key"]["kind"] == "nll") == 8
     assert second.calib_cpu_minutes * 60 >= singles - 0.01
+    # Runs it found cost nothing here: alone - here is at least their recorded CPU (no timing compared).
+    assert (second.calib_cpu_minutes - second.calib_cpu_minutes_here) * 60 >= singles - 0.02
     assert "alone / here" in (out / "frontier.md").read_text()
 
 

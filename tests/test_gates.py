@@ -111,3 +111,32 @@ def test_a_stopped_training_resumed_from_its_json_state_ends_where_one_run_ends(
     for a, b in zip(resumed.losses[4:], whole.losses[4:]):
         assert a["distill"] == pytest.approx(b["distill"], rel=1e-5, abs=1e-9)
     assert torch.allclose(torch.tensor(resumed.alpha), torch.tensor(whole.alpha), atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("spec,block", [(SPEC, 5), (SPEC, 256), ("swa:12:0", 7), ("swa:16:6", 1)])
+def test_the_blocked_gated_forward_agrees_with_the_dense_reference_and_its_gradients(family, spec, block):
+    # Blocks that do not divide the prompt (31), one wider than it, one query each; Gemma 3's local
+    # layers (window 12) take the blocked path on their "full" side too.
+    model = tiny_model(family)
+    ids = _ids(n=31)
+    layers, kv = model.config.num_hidden_layers, model.config.num_key_value_heads
+    gen = torch.Generator().manual_seed(0)
+    grads, hidden = [], []
+    probe = torch.randn(model.config.hidden_size, generator=gen)  # a loss no final norm flattens
+    start = {i: torch.rand(kv, generator=gen) for i in range(layers)}  # the same α for both
+    for b in (None, block):
+        alpha = {i: a.clone().requires_grad_() for i, a in start.items()}
+        out = gated_forward(model, ids, alpha, spec, block=b)
+        (out.float() @ probe).sum().backward()
+        hidden.append(out.detach().double())
+        grads.append(torch.stack([alpha[i].grad for i in range(layers)]).double())
+    torch.testing.assert_close(hidden[1], hidden[0], atol=2e-5, rtol=1e-4)
+    scale = grads[0].abs().max()
+    assert scale > 1e-3  # the gates do move the loss
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-4 * float(scale), rtol=1e-3)
+
+
+def test_the_gated_forward_refuses_a_block_of_no_queries():
+    with pytest.raises(ValueError, match="block is a number of queries"):
+        gated_forward(tiny_model("llama"), _ids(), _alpha(tiny_model("llama"), 1.0), SPEC, block=0)

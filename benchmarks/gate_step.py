@@ -89,10 +89,11 @@ def main(argv=None) -> int:
     }  # fmt: skip
     print(f"dense / blocked: {result['speedup_cpu']}x CPU; hidden states differ by at most "
           f"{result['max_abs_hidden_diff']:.2e}, gate gradients by {result['max_rel_grad_diff']:.2e} of their largest")  # fmt: skip
+    line = json.dumps(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    print(line)
     return 0
 
 

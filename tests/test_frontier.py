@@ -210,6 +210,38 @@ def test_recovery_pairs_samples_per_task_and_weights_tasks_equally():
     assert point.p_vs_full is not None and point.p_vs_full > 0.05  # 2 discordant pairs of 8
 
 
+def test_a_point_counts_the_needles_beyond_its_streaming_window_and_what_full_found_there(tmp_path):
+    from sinkwindow.tuning.frontier import FrontierConfig, FrontierPoint, measure_points, write_frontier
+
+    # Prompts of 100 tokens; swa:20:4 sees positions 0-3 and 84-99 from the last one. Needles at
+    # [1, 3) (a sink), [90, 97) (recent), [50, 57) and [83, 90) (its first token one short): two beyond.
+    needles = {0: [1, 3], 1: [90, 97], 2: [50, 57], 3: [83, 90]}
+
+    def rows(method, scores):
+        return [{"method": method, "task": "niah_single_1", "length": CONTEXT, "index": i, "score": s,
+                 "needle_tokens": needles[i], "n_prompt_tokens": 100} for i, s in enumerate(scores)]  # fmt: skip
+
+    full = rows("full", [100, 100, 100, 0])
+    plain = FrontierPoint(0.25, "swa", "swa:20:4", 10, 0.0, 0.0)
+    hybrid = FrontierPoint(0.25, "heads-nll", "swa:20:4+full:1.0", 10, 0.0, 0.0)
+    mine = rows("swa:20:4", [100, 100, 0, 0]) + rows("swa:20:4+full:1.0", [0, 100, 100, 100])
+    measure_points([plain, hybrid], full + mine, CONTEXT, 40)
+    assert plain.beyond_window == {"window": [20, 4], "n": 2, "found": 0, "full_found": 1}
+    assert hybrid.beyond_window == {"window": [20, 4], "n": 2, "found": 2, "full_found": 1}
+    write_frontier(
+        [plain, hybrid], tmp_path, context=CONTEXT, model="m", config=FrontierConfig(), full_bytes=40
+    )
+    table = (tmp_path / "frontier.md").read_text()
+    assert "| 0 (1) of 2 |" in table and "| 2 (1) of 2 |" in table
+    # Rows written without needle positions: unknown, not "none beyond".
+    bare = [{k: v for k, v in r.items() if k != "needle_tokens"} for r in full + mine]
+    again = FrontierPoint(0.25, "swa", "swa:20:4", 10, 0.0, 0.0)
+    measure_points([again], bare, CONTEXT, 40)
+    assert again.beyond_window is None and again.n == 4
+    write_frontier([again], tmp_path, context=CONTEXT, model="m", config=FrontierConfig(), full_bytes=40)
+    assert "| – |" in (tmp_path / "frontier.md").read_text()
+
+
 def test_frontier_command_writes_its_files_and_one_json_line(eval_pair_folder, tmp_path, capsys):
     from sinkwindow.cli import main
 

@@ -118,6 +118,12 @@ class FrontierPoint:
     wherever in the frontier that run was first computed (``Memo.tally``), and of its own work
     besides; ``calib_cpu_minutes_here`` is what the process that wrote the point spent on it (runs
     it found in the memo, shared with earlier points or kept from a stopped process, cost nothing).
+
+    ``beyond_window`` says where the point's retrieval comes from: over its paired samples, the needles
+    that lay beyond its streaming side's view (the sinks and the last W − S positions of ``swa:W:S``,
+    a hybrid's too; ``eval.window_split.needle_in_window``), ``{"window": [W, S], "n": ..., "found":
+    found by the spec, "full_found": found by full attention}``. Plain SWA finds such a needle only
+    through what its layers carried forward; a hybrid also through its full layers or heads.
     """
 
     budget: float
@@ -133,6 +139,7 @@ class FrontierPoint:
     n: int = 0
     p_vs_full: float | None = None
     calib_cpu_minutes_here: float | None = None
+    beyond_window: dict | None = None
 
 
 def largest_window(
@@ -346,13 +353,20 @@ def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, 
     """Fill in each point's accuracy per task, recovery vs full (paired, stratified by task) and p."""
     from ..eval.stats import paired_bootstrap_ratio, paired_sign_test
     from ..eval.tasks import NIAH_TASKS
+    from ..eval.window_split import needle_in_window
 
-    by = {}
+    by, needles = {}, {}
     for r in rows:
         if r["length"] == context:
             by.setdefault((r["method"], r["task"]), {})[r["index"]] = float(r["score"]) / 100.0
+            if r.get("needle_tokens"):  # the same sample: the same needle whichever method ran it
+                needles[(r["task"], r["index"])] = (*r["needle_tokens"], int(r["n_prompt_tokens"]))
     for p in points:
         p.kv_fraction = round(p.kv_bytes / full_bytes, 4)
+        spec = parse_spec(p.spec)
+        view = (spec.window, spec.sinks)
+        beyond = {"window": list(view), "n": 0, "found": 0, "full_found": 0}
+        located = 0
         ca, cb = [], []
         for task in NIAH_TASKS:
             mine, full = by.get((p.spec, task), {}), by.get(("full", task), {})
@@ -361,8 +375,16 @@ def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, 
                 ca.append([mine[i] for i in common])
                 cb.append([full[i] for i in common])
                 p.accuracy[task] = 100.0 * sum(ca[-1]) / len(common)
+            for i in common:
+                where = needles.get((task, i))
+                located += where is not None
+                if where is not None and not needle_in_window(*where, view):
+                    beyond["n"] += 1
+                    beyond["found"] += int(mine[i] >= 1.0)
+                    beyond["full_found"] += int(full[i] >= 1.0)
         if not ca:
             continue
+        p.beyond_window = beyond if located else None  # rows without needle positions: unknown
         iv = paired_bootstrap_ratio(ca, cb)
         p.n = iv.n
         if not math.isnan(iv.estimate):  # full attention found nothing: no ratio to give
@@ -383,16 +405,21 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
         "",
         "S-NIAH-1/2/3 average recovery vs full attention (paired over the same samples, 95% bootstrap "
         "interval), p of the exact paired sign test against full attention, calibration cost in CPU-minutes: "
-        "alone (every run the point used) and here (after the points before it shared their runs).",
+        "alone (every run the point used) and here (after the points before it shared their runs). "
+        "Beyond the window: of the needles outside the streaming side's view (its sinks and last W − S "
+        "positions), how many the spec found, and how many full attention found.",
         "",
-        "| budget | selection | spec | KV (of full) | recovery % | n | p vs full | calibration CPU-min (alone / here) |",
-        "|---:|---|---|---:|---|---:|---:|---:|",
-    ]
+        "| budget | selection | spec | KV (of full) | recovery % | n | p vs full | beyond the window: found (full) of n "
+        "| calibration CPU-min (alone / here) |",
+        "|---:|---|---|---:|---|---:|---:|---|---:|",
+    ]  # fmt: skip
     for p in points:
         rec = "–" if p.recovery is None else f"{p.recovery:.1f} [{p.lo:.1f}, {p.hi:.1f}]"
         pv = "–" if p.p_vs_full is None else f"{p.p_vs_full:.3g}"
+        bw = p.beyond_window
+        far = "–" if not bw else f"{bw['found']} ({bw['full_found']}) of {bw['n']}"
         lines.append(f"| {p.budget:g} | {p.selection} | `{p.spec}` | {100 * p.kv_fraction:.1f}% | {rec} | {p.n} "
-                     f"| {pv} | {p.calib_cpu_minutes:.2f} / {_minutes(p.calib_cpu_minutes_here)} |")  # fmt: skip
+                     f"| {pv} | {far} | {p.calib_cpu_minutes:.2f} / {_minutes(p.calib_cpu_minutes_here)} |")  # fmt: skip
     (out / "frontier.md").write_text("\n".join(lines) + "\n")
     paths = {"json": str(out / "frontier.json"), "md": str(out / "frontier.md")}
     try:

@@ -30,13 +30,9 @@ import torch.nn.functional as F
 
 import sinkwindow
 from sinkwindow.bench.memory import PeakMemory
+from sinkwindow.cli_args import integer, size
 from sinkwindow.memory import kv_geometry
 from sinkwindow.tuning.gates import GATE_BLOCK, gated_forward
-
-
-def _size(text: str) -> int:
-    t = text.strip().lower()
-    return int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
 
 
 def step(model, ids, target, alpha0, spec, block):
@@ -56,10 +52,11 @@ def step(model, ids, target, alpha0, spec, block):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--length", type=_size, default=4096, help="prompt tokens (4k = 4096)")
+    ap.add_argument("--length", type=size(2, what="--length"), default=4096, help="prompt tokens (4k = 4096)")
     ap.add_argument("--spec", default="swa:256:4", help="the streaming side, swa:W:S")
-    ap.add_argument("--block", type=int, default=GATE_BLOCK, help="queries per block of the blocked path")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--block", type=integer(1, what="--block"), default=GATE_BLOCK,
+                    help="queries per block of the blocked path")  # fmt: skip
+    ap.add_argument("--threads", type=integer(1, 4096, what="--threads"), default=1)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -89,11 +86,10 @@ def main(argv=None) -> int:
     }  # fmt: skip
     print(f"dense / blocked: {result['speedup_cpu']}x CPU; hidden states differ by at most "
           f"{result['max_abs_hidden_diff']:.2e}, gate gradients by {result['max_rel_grad_diff']:.2e} of their largest")  # fmt: skip
-    line = json.dumps(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(line)
+    print(json.dumps(result))
     return 0
 
 

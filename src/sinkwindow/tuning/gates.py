@@ -77,7 +77,31 @@ class _GateState:
         if window is None or window >= n:  # every key in reach: SDPA's causal kernel, no mask
             out, _ = sdpa_attention_forward(module, query, key, value, None, **kwargs)
             return out
-        return _banded(module, query, key, value, window, sinks, self.block, **kwargs)
+        return _banded(module, query, key, value, self.bands(n, query.device, window, sinks), **kwargs)
+
+    def bands(
+        self, n: int, device, window: int, sinks: int
+    ) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """The blocked path's plan over ``n`` queries, the same for every layer so built once:
+        per block of queries ``[b0, b1)``, the keys it can see (``[0, s)`` and
+        ``[b0 − (w − s) + 1, b1)``) and its ``[1, 1, b1 − b0, keys]`` bool mask, as
+        ``reference_mask`` masks those pairs."""
+        key = ("bands", n, str(device), window, sinks, self.block)
+        if key not in self.masks:
+            recent, plan = window - sinks, []
+            for b0 in range(0, n, self.block):
+                b1 = min(n, b0 + self.block)
+                lo = max(0, b0 - recent + 1)  # the oldest recent key any query of the block sees
+                keys = (
+                    torch.arange(b1)
+                    if lo <= sinks
+                    else torch.cat([torch.arange(sinks), torch.arange(lo, b1)])
+                )
+                i, j = torch.arange(b0, b1)[:, None], keys[None, :]
+                mask = (j <= i) & ((j < sinks) | (j > i - recent))
+                plan.append((b0, b1, keys.to(device), mask[None, None].to(device)))
+            self.masks[key] = plan
+        return self.masks[key]
 
     def mask(self, k_len: int, device, window: int | None, sinks: int) -> torch.Tensor:
         """``[1, 1, k_len, k_len]`` bool: causal (``window=None``) or SWA(window, sinks)."""
@@ -116,9 +140,9 @@ def gated_attention(module, query, key, value, attention_mask, **kwargs):
     return a * full + (1 - a) * swa, None
 
 
-def _banded(module, query, key, value, window: int, sinks: int, block: int, **kwargs) -> torch.Tensor:
-    """SWA(window, sinks) over a whole prompt, ``block`` queries at a time: queries ``[b0, b1)`` see
-    only keys ``[0, s)`` and ``[b0 − (w − s) + 1, b1)``, masked as ``reference_mask`` masks them.
+def _banded(module, query, key, value, bands, **kwargs) -> torch.Tensor:
+    """SWA(window, sinks) over a whole prompt, one block of queries at a time against only the keys
+    it can see (``_GateState.bands``).
 
     Args:
         query: ``[B, H, n, d]``; key, value: ``[B, KV, n, d]`` (same n: no cache).
@@ -126,15 +150,8 @@ def _banded(module, query, key, value, window: int, sinks: int, block: int, **kw
     Returns:
         ``[B, n, H, d]``.
     """
-    n, recent = query.shape[-2], window - sinks
     outs = []
-    for b0 in range(0, n, block):
-        b1 = min(n, b0 + block)
-        lo = max(0, b0 - recent + 1)  # the oldest recent key any query of the block sees
-        keys = torch.arange(b1) if lo <= sinks else torch.cat([torch.arange(sinks), torch.arange(lo, b1)])
-        i, j = torch.arange(b0, b1)[:, None], keys[None, :]
-        mask = ((j <= i) & ((j < sinks) | (j > i - recent)))[None, None].to(query.device)
-        keys = keys.to(query.device)
+    for b0, b1, keys, mask in bands:
         out, _ = sdpa_attention_forward(
             module, query[:, :, b0:b1], key[:, :, keys], value[:, :, keys], mask, **kwargs
         )

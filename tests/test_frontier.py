@@ -233,6 +233,9 @@ def test_a_point_counts_the_needles_beyond_its_streaming_window_and_what_full_fo
     )
     table = (tmp_path / "frontier.md").read_text()
     assert "| 0 (1) of 2 |" in table and "| 2 (1) of 2 |" in table
+    # Per task, the spec's score and full attention's on the same samples (S-NIAH-2/3 not run here).
+    assert plain.accuracy == {"niah_single_1": 50.0} and plain.full_accuracy == {"niah_single_1": 75.0}
+    assert "| 50.0 / – / – (75.0 / – / –) |" in table and "| 75.0 / – / – (75.0 / – / –) |" in table
     # Rows written without needle positions: unknown, not "none beyond".
     bare = [{k: v for k, v in r.items() if k != "needle_tokens"} for r in full + mine]
     again = FrontierPoint(0.25, "swa", "swa:20:4", 10, 0.0, 0.0)

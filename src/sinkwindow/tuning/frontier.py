@@ -140,6 +140,7 @@ class FrontierPoint:
     p_vs_full: float | None = None
     calib_cpu_minutes_here: float | None = None
     beyond_window: dict | None = None
+    full_accuracy: dict[str, float] = field(default_factory=dict)
 
 
 def largest_window(
@@ -350,7 +351,8 @@ def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: s
 
 
 def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, full_bytes: int) -> None:
-    """Fill in each point's accuracy per task, recovery vs full (paired, stratified by task) and p."""
+    """Fill in each point's accuracy per task (and full attention's on the same samples), recovery vs
+    full (paired, stratified by task) and p."""
     from ..eval.stats import paired_bootstrap_ratio, paired_sign_test
     from ..eval.tasks import NIAH_TASKS
     from ..eval.window_split import needle_in_window
@@ -375,6 +377,7 @@ def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, 
                 ca.append([mine[i] for i in common])
                 cb.append([full[i] for i in common])
                 p.accuracy[task] = 100.0 * sum(ca[-1]) / len(common)
+                p.full_accuracy[task] = 100.0 * sum(cb[-1]) / len(common)
             for i in common:
                 where = needles.get((task, i))
                 located += where is not None
@@ -409,16 +412,17 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
         "Beyond the window: of the needles outside the streaming side's view (its sinks and last W − S "
         "positions), how many the spec found, and how many full attention found.",
         "",
-        "| budget | selection | spec | KV (of full) | recovery % | n | p vs full | beyond the window: found (full) of n "
-        "| calibration CPU-min (alone / here) |",
-        "|---:|---|---|---:|---|---:|---:|---|---:|",
+        "| budget | selection | spec | KV (of full) | S-NIAH-1 / 2 / 3 % (full) | recovery % | n | p vs full "
+        "| beyond the window: found (full) of n | calibration CPU-min (alone / here) |",
+        "|---:|---|---|---:|---|---|---:|---:|---|---:|",
     ]  # fmt: skip
     for p in points:
         rec = "–" if p.recovery is None else f"{p.recovery:.1f} [{p.lo:.1f}, {p.hi:.1f}]"
         pv = "–" if p.p_vs_full is None else f"{p.p_vs_full:.3g}"
         bw = p.beyond_window
         far = "–" if not bw else f"{bw['found']} ({bw['full_found']}) of {bw['n']}"
-        lines.append(f"| {p.budget:g} | {p.selection} | `{p.spec}` | {100 * p.kv_fraction:.1f}% | {rec} | {p.n} "
+        lines.append(f"| {p.budget:g} | {p.selection} | `{p.spec}` | {100 * p.kv_fraction:.1f}% | {_per_task(p)} "
+                     f"| {rec} | {p.n} "
                      f"| {pv} | {far} | {p.calib_cpu_minutes:.2f} / {_minutes(p.calib_cpu_minutes_here)} |")  # fmt: skip
     (out / "frontier.md").write_text("\n".join(lines) + "\n")
     paths = {"json": str(out / "frontier.json"), "md": str(out / "frontier.md")}
@@ -427,6 +431,16 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
     except ImportError:  # matplotlib is an extra
         logger.warning("no frontier.png: matplotlib is not installed (pip install 'sinkwindow[eval]')")
     return paths
+
+
+def _per_task(p: FrontierPoint) -> str:
+    """``"33.3 / 30.0 / 3.3 (100.0 / 90.0 / 63.3)"``: the spec's S-NIAH-1/2/3 scores, full attention's."""
+    from ..eval.tasks import NIAH_TASKS
+
+    def scores(acc: dict[str, float]) -> str:
+        return " / ".join("–" if t not in acc else f"{acc[t]:.1f}" for t in NIAH_TASKS)
+
+    return "–" if not p.accuracy else f"{scores(p.accuracy)} ({scores(p.full_accuracy)})"
 
 
 def _minutes(m: float | None) -> str:

@@ -11,9 +11,10 @@ import copy
 
 import pytest
 import torch
+import transformers
 
 import sinkwindow
-from conftest import VOCAB, tiny_model
+from conftest import VOCAB, _common, tiny_model
 from sinkwindow.cache import FullAttentionLayer, HybridHeadLayer, SinkWindowLayer, cache_nbytes
 from sinkwindow.memory import analytic_layer_bytes, analytic_state_bytes
 from sinkwindow.reference import reference_greedy, reference_logits
@@ -162,6 +163,38 @@ def test_keep_hybrids_window_the_globals_and_leave_native_layers_alone(spec):
         assert [cache_nbytes_layer(layer) for layer in cache.layers] == [b * 2 for b in per_layer]  # batch 2
         want = reference_greedy(model, ids[:1, :20], spec, 8, native_sliding="keep")
         assert torch.equal(sinkwindow.generate(model, ids[:1, :20], 8, chunk_size=6), want)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("spec", ["swa:8:2+full:1", "swa:8:2+full:1.0,1.1"])
+def test_keep_hybrid_with_a_full_global_before_a_windowed_global(spec):
+    # Gemma-3-270M's layout in small: a native local layer first, then two globals of which the first
+    # is kept full. transformers sizes the globals' one mask against a stand-in for the full layer;
+    # that stand-in must be the windowed global (W=8), not the native local layer (window 12), or the
+    # windowed global gets a mask for keys its cache never held.
+    cfg = transformers.Gemma3TextConfig(
+        **_common(
+            head_dim=8,
+            sliding_window=12,
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+        )
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    ids, mask = _ids(), _left_padding()
+    ref = reference_logits(model, ids, spec, native_sliding="keep", attention_mask=mask)
+    real = mask.bool()
+    with sinkwindow.apply(model, spec, native_sliding="keep"):
+        for chunk in (5, 64):  # 5: the local layer holds 16 keys per step, the windowed global 12
+            logits, cache = sinkwindow.prefill(
+                model, ids, chunk_size=chunk, attention_mask=mask, return_logits="all"
+            )
+            torch.testing.assert_close(logits.double()[real], ref[real], atol=2e-5, rtol=0)
+        assert [type(layer) for layer in cache.layers] == [
+            SinkWindowLayer,
+            FullAttentionLayer,
+            SinkWindowLayer,
+        ]
 
 
 @torch.no_grad()

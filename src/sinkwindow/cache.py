@@ -506,10 +506,14 @@ class SinkWindowCache(Cache):
             if isinstance(layer, HybridHeadLayer):
                 layer.full._cache = self
         # transformers sizes the (one) full-attention mask against the first non-sliding layer; for a
-        # hybrid that must be a windowed layer, since the full layers build their own (hybrid.py).
+        # hybrid that must be a windowed layer, since the full layers build their own (hybrid.py). It
+        # must be a *global* windowed layer where there is one: under native_sliding="keep" (Gemma 3)
+        # the first windowed layer is a native local one, whose longer window would size the mask
+        # that the windowed globals get.
         windowed = [i for i, layer in enumerate(layers) if not isinstance(layer, FullAttentionLayer)]
+        globals_ = [i for i in windowed if not layer_windows[i][2]]
         self.mask_layer = {
-            i: windowed[0]
+            i: (globals_ or windowed)[0]
             for i, layer in enumerate(layers)
             if isinstance(layer, FullAttentionLayer) and windowed
         }

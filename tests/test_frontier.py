@@ -346,3 +346,29 @@ def test_frontier_evaluates_on_workers_with_the_serial_rows_and_refuses_dirty_so
     assert "uncommitted changes" in capsys.readouterr().err and not (tmp_path / "dirty").exists()
     assert main([*argv, "--out", str(tmp_path / "dirty"), "--allow-dirty"]) == 0
     assert {r["source_diff"] for r in ResultsStore(tmp_path / "dirty" / "eval").rows()} == {"d" * 64}
+
+
+def test_a_rerun_that_adds_a_selection_writes_the_points_it_had_before_calibrating(
+    pair, tmp_path, monkeypatch
+):
+    # heads-nll sorts before layers: a rerun adding it must not rewrite frontier.* without layers' point
+    # while heads-nll calibrates (a run stopped there would leave the folder showing less than it had).
+    model, tok = pair
+    first = FrontierConfig(budgets=(0.75,), selections=("swa", "layers"), sinks=(4,), stream_window=64, samples=1,
+                           calib_samples=1)  # fmt: skip
+    frontier(model, tok, CONTEXT, first, tmp_path, name="tiny", progress=False)
+    had = json.loads((tmp_path / "frontier.json").read_text())["points"]
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt("stopped in the new selection's calibration")
+
+    monkeypatch.setattr(frontier_mod, "calibrate", stopped)
+    again = FrontierConfig(budgets=(0.75,), selections=("swa", "heads-nll", "layers"), sinks=(4,), stream_window=64,
+                           samples=1, calib_samples=1)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        frontier(model, tok, CONTEXT, again, tmp_path, name="tiny", progress=False)
+    now = json.loads((tmp_path / "frontier.json").read_text())["points"]
+    assert [(p["selection"], p["spec"], p["n"]) for p in now] == [
+        (p["selection"], p["spec"], p["n"]) for p in had
+    ]
+    assert [p["selection"] for p in now] == ["swa", "layers"]

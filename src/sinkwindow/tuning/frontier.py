@@ -14,7 +14,9 @@ Calibration is most of the cost (on one CPU thread about a minute per run of fou
 prompts, hundreds of runs), so every finished run is kept in ``OUT/calibration/runs.jsonl``
 (``tuning/memo.py``): budgets share their single-unit scores, gates and greedy steps, and a stopped
 calibration resumes at the run it was in. Selections go one at a time, cheapest first, each
-calibrated at every budget and then evaluated, so a stopped frontier has whole points to show.
+calibrated at every budget and then evaluated, so a stopped frontier has whole points to show. A
+rerun first evaluates and writes every point already calibrated, whatever its selection, so a run
+that adds a selection never rewrites ``frontier.*`` with fewer points than the folder had.
 
 The units are chosen on calibration prompts (a seed no evaluation uses, ``prompts.CAL_SEED``); every
 chosen spec and full attention then run S-NIAH-1/2/3 at the context on the evaluation seed through
@@ -227,23 +229,12 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         lambda: calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
     )
     memo = Memo(out / "calibration" / "runs.jsonl")
-    points = []
-    for selection in sorted(cfg.selections, key=SELECTIONS.index):  # cheapest first
-        for budget in cfg.budgets:
-            point = _choose(
-                model,
-                tokenizer,
-                prompts,
-                selection,
-                budget,
-                int(budget * full_bytes),
-                context,
-                cfg,
-                out,
-                memo,
-            )
-            if point is not None:
-                points.append(point)
+    order = sorted(cfg.selections, key=SELECTIONS.index)  # cheapest first
+    saved = {(s, b): _saved_point(out, s, b) for s in order for b in cfg.budgets}
+    points = [p for p in saved.values() if p is not None]
+
+    def evaluate_and_write() -> None:
+        points.sort(key=lambda p: (SELECTIONS.index(p.selection), cfg.budgets.index(p.budget)))
         use_method(model, "full")
         specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
         ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
@@ -253,6 +244,19 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
                          model_factory=model_factory, source_diff=source_diff)  # fmt: skip
         measure_points(points, store.rows(), context, full_bytes)
         write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
+
+    if points:  # a rerun: the points calibrated before, evaluated and written before anything new
+        evaluate_and_write()
+    for selection in order:
+        fresh = [
+            _choose(model, tokenizer, prompts, selection, b, int(b * full_bytes), context, cfg, out, memo)
+            for b in cfg.budgets
+            if saved[(selection, b)] is None
+        ]
+        fresh = [p for p in fresh if p is not None]
+        if fresh:
+            points.extend(fresh)
+            evaluate_and_write()
     return points
 
 
@@ -284,12 +288,16 @@ def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
     write_settings(out, settings)
 
 
+def _saved_point(out: Path, selection: str, budget: float) -> FrontierPoint | None:
+    """The point a previous run calibrated for ``selection`` at ``budget`` (``None``: not yet)."""
+    path = out / "calibration" / f"{selection}-{budget:g}.json"
+    return FrontierPoint(**json.loads(path.read_text())) if path.exists() else None
+
+
 def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
             cfg: FrontierConfig, out: Path, memo: Memo) -> FrontierPoint | None:  # fmt: skip
-    """One point, from its saved calibration when there is one; ``None`` when nothing fits."""
+    """One point calibrated now and saved beside the others; ``None`` when nothing fits."""
     path = out / "calibration" / f"{selection}-{budget:g}.json"
-    if path.exists():
-        return FrontierPoint(**json.loads(path.read_text()))
     t0 = time.process_time()
     with memo.tally() as tally:
         spec = _calibrate_point(model, tokenizer, prompts, selection, budget_bytes, context, cfg, memo)

@@ -144,13 +144,16 @@ MOE_FAMILIES = {"mixtral", "qwen3_moe"}
 QK_WEIGHTS = ("q_proj.weight", "k_proj.weight", "qkv_proj.weight", "query_key_value.weight", "c_attn.weight")
 
 
-def tiny_model(family: str = "llama", attn: str | None = None, seed: int = 0):
-    """A tiny random ``family`` model in eval mode; ``attn`` defaults to SDPA where the family has it."""
+def tiny_model(family: str = "llama", attn: str | None = None, seed: int = 0, **overrides):
+    """A tiny random ``family`` model in eval mode; ``attn`` defaults to SDPA where the family has it;
+    ``overrides`` are set on its config (e.g. another ``layer_types``)."""
     from transformers import AutoModelForCausalLM
 
     attn = attn or ("eager" if family in EAGER_ONLY else "sdpa")
     torch.manual_seed(seed)
     cfg = tiny_config(family)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
     # The fp64 reference runs a float64 copy of the model; the default grouped_mm experts kernel takes no float64.
     extra = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, **extra)

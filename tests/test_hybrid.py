@@ -11,10 +11,9 @@ import copy
 
 import pytest
 import torch
-import transformers
 
 import sinkwindow
-from conftest import VOCAB, _common, tiny_model
+from conftest import VOCAB, tiny_model
 from sinkwindow.cache import FullAttentionLayer, HybridHeadLayer, SinkWindowLayer, cache_nbytes
 from sinkwindow.memory import analytic_layer_bytes, analytic_state_bytes
 from sinkwindow.reference import reference_greedy, reference_logits
@@ -172,15 +171,7 @@ def test_keep_hybrid_with_a_full_global_before_a_windowed_global(spec):
     # is kept full. transformers sizes the globals' one mask against a stand-in for the full layer;
     # that stand-in must be the windowed global (W=8), not the native local layer (window 12), or the
     # windowed global gets a mask for keys its cache never held.
-    cfg = transformers.Gemma3TextConfig(
-        **_common(
-            head_dim=8,
-            sliding_window=12,
-            layer_types=["sliding_attention", "full_attention", "full_attention"],
-        )
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    model = tiny_model("gemma3_text", layer_types=["sliding_attention", "full_attention", "full_attention"])
     ids, mask = _ids(), _left_padding()
     ref = reference_logits(model, ids, spec, native_sliding="keep", attention_mask=mask)
     real = mask.bool()

@@ -288,16 +288,20 @@ def _check_settings(out: Path, settings: dict, new_run: bool) -> None:
     write_settings(out, settings)
 
 
+def _point_path(out: Path, selection: str, budget: float) -> Path:
+    return out / "calibration" / f"{selection}-{budget:g}.json"
+
+
 def _saved_point(out: Path, selection: str, budget: float) -> FrontierPoint | None:
     """The point a previous run calibrated for ``selection`` at ``budget`` (``None``: not yet)."""
-    path = out / "calibration" / f"{selection}-{budget:g}.json"
+    path = _point_path(out, selection, budget)
     return FrontierPoint(**json.loads(path.read_text())) if path.exists() else None
 
 
 def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
             cfg: FrontierConfig, out: Path, memo: Memo) -> FrontierPoint | None:  # fmt: skip
     """One point calibrated now and saved beside the others; ``None`` when nothing fits."""
-    path = out / "calibration" / f"{selection}-{budget:g}.json"
+    path = _point_path(out, selection, budget)
     t0 = time.process_time()
     with memo.tally() as tally:
         spec = _calibrate_point(model, tokenizer, prompts, selection, budget_bytes, context, cfg, memo)

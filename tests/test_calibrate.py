@@ -3,6 +3,7 @@ selection, and the ``sinkwindow calibrate`` command."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -12,6 +13,8 @@ import torch.nn.functional as F
 from conftest import eval_pair
 from sinkwindow import apply, make_cache, parse_spec
 from sinkwindow.eval.niah import generate_niah
+from sinkwindow.eval.scheduler import LocalScheduler
+from sinkwindow.models import load
 from sinkwindow.tuning import (
     CAL_SEED,
     EVAL_SEEDS,
@@ -28,6 +31,8 @@ from sinkwindow.tuning import (
     unit_label,
 )
 from sinkwindow.tuning.calibrate import write_calibration
+from sinkwindow.tuning.memo import Memo
+from sinkwindow.tuning.nll import NllWorkers, mean_nlls
 
 LENGTH = 512  # tiny-pair S-NIAH prompts of ~380-420 tokens: well past the windows below
 
@@ -254,19 +259,19 @@ def test_greedy_finds_the_complement_that_the_top_k_misses():
     assert select_units(units, singles, 2) == [A, B]
     calls = []
 
-    def counted(kept):
-        calls.append(list(kept))
-        return nll_of(kept)
+    def counted(kepts):
+        calls.append([list(kept) for kept in kepts])
+        return [nll_of(kept) for kept in kepts]
 
     chosen, steps = greedy_select(units, 2, counted, first={u: nll_of([u]) for u in units})
     assert chosen == [A, C] and base - steps[-1]["nll"] == pytest.approx(1.5)
-    assert calls == [[A, B], [A, C]]  # step 1 reused the single scores
+    assert calls == [[[A, B], [A, C]]]  # step 1 reused the single scores; step 2 is one batch
     assert steps[1]["tried"] == {"1": pytest.approx(9.0), "2": pytest.approx(8.5)}
     # Without the single scores, step 1 runs every candidate alone; ties go to the earlier candidate.
-    chosen, _ = greedy_select([C, B], 1, lambda kept: 0.0)
+    chosen, _ = greedy_select([C, B], 1, lambda kepts: [0.0] * len(kepts))
     assert chosen == [C]
     with pytest.raises(ValueError, match="pool of at least K"):
-        greedy_select(units, 4, nll_of)
+        greedy_select(units, 4, counted)
 
 
 def test_greedy_calibration_records_steps_a_direct_nll_reproduces(pair):
@@ -302,6 +307,48 @@ def test_greedy_calibration_records_steps_a_direct_nll_reproduces(pair):
         calibrate(model, tok, "swa:64:4", 2, select="greedy", pool=1, length=LENGTH)
     with pytest.raises(ValueError, match="add --select greedy"):
         calibrate(model, tok, "swa:64:4", 1, pool=2, length=LENGTH)
+
+
+def _spread_out(folder) -> NllWorkers:
+    """Two local workers, each loading the tiny pair from its folder (as the CLI's loader does)."""
+    return NllWorkers(LocalScheduler(2, threads=1), functools.partial(load, str(folder)))
+
+
+def test_nll_runs_in_two_local_workers_equal_the_serial_runs_and_are_kept_in_the_memo(
+    pair, prompts, eval_pair_folder, tmp_path
+):
+    model, tok = pair
+    specs = ["swa:64:4", "swa:64:4+full:1", "swa:32:2", "swa:64:4"]  # one given twice runs once
+    serial = mean_nlls(model, specs, prompts, 128)
+    memo = Memo(tmp_path / "runs.jsonl")
+    apply(model, "full")
+    with memo.tally() as tally:
+        nlls = mean_nlls(model, specs, prompts, 128, memo=memo, workers=_spread_out(eval_pair_folder))
+    assert nlls == pytest.approx(serial, abs=1e-6) and nlls[0] == nlls[3]
+    # Three distinct runs, each kept on disk with the CPU its worker spent (not this process's).
+    assert len(Memo(tmp_path / "runs.jsonl")) == 3
+    assert tally.elsewhere == tally.computed and len(tally.elsewhere) == 3 and tally.elsewhere_cpu_s > 0
+
+    class NoRuns:  # the memo holds every run now: nothing may be sent out
+        def run(self, job, cells, on_result):
+            raise AssertionError(f"{len(cells)} run(s) sent to workers")
+
+    again = mean_nlls(
+        model, specs, prompts, 128, memo=Memo(tmp_path / "runs.jsonl"), workers=NllWorkers(NoRuns(), None)
+    )
+    assert again == nlls
+
+
+def test_greedy_calibration_in_workers_chooses_what_a_serial_one_does(pair, eval_pair_folder):
+    model, tok = pair
+    kw = dict(by="head", select="greedy", pool=3, samples=2, length=LENGTH, progress=False)
+    serial = calibrate(model, tok, "swa:64:4", 2, **kw)
+    spread = calibrate(model, tok, "swa:64:4", 2, workers=_spread_out(eval_pair_folder), **kw)
+    assert spread.spec == serial.spec and spread.chosen == serial.chosen
+    assert spread.scores["nll"] == pytest.approx(serial.scores["nll"], abs=1e-6)
+    assert [s["added"] for s in spread.steps] == [s["added"] for s in serial.steps]
+    for a, b in zip(spread.steps, serial.steps):
+        assert a["tried"] == pytest.approx(b["tried"], abs=1e-6)
 
 
 def test_gates_criterion_keeps_the_heads_with_the_highest_trained_gate(pair):

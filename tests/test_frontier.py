@@ -91,7 +91,7 @@ def test_a_rerun_calibrates_and_evaluates_nothing_again(drawn, pair, monkeypatch
         raise AssertionError("calibrated again")
 
     monkeypatch.setattr(frontier_mod, "calibrate", no_calibration)
-    monkeypatch.setattr(frontier_mod, "mean_nll", no_calibration)
+    monkeypatch.setattr(frontier_mod, "mean_nlls", no_calibration)
     again = frontier(model, tok, CONTEXT, CONFIG, out, name="tiny", progress=False)
     assert [(p.spec, p.recovery) for p in again] == [(p.spec, p.recovery) for p in points]
     assert (out / "eval" / "results.jsonl").read_text() == rows_before

@@ -47,7 +47,7 @@ from ..method import use_method
 from ..spec import MethodSpec, parse_spec
 from .mass import LAST_QUERIES, mass_scores
 from .memo import Memo, prompts_digest
-from .nll import greedy_runs, greedy_select, mean_nll, nll_scores
+from .nll import NllWorkers, greedy_runs, greedy_select, mean_nlls, nll_scores
 from .prompts import CAL_SEED, CalibrationPrompt, calibration_prompts, check_calibration_seed
 from .units import Unit, check_base_spec, model_units, parse_unit, spec_with_units, unit_label
 
@@ -120,11 +120,13 @@ def score_units(
     progress: bool = False,
     native_sliding: str = "override",
     memo: Memo | None = None,
+    workers: NllWorkers | None = None,
 ) -> dict[str, dict]:
     """Every criterion's per-unit scores for each base ``swa:W:S``; mass runs once for all bases.
 
     ``memo``: finished runs to reuse (NLLs, the mass pass, trained gates and the gates' training
     state after each step), where new ones are kept as they finish (``tuning/memo.py``).
+    ``workers``: where the NLL runs go (``nll.mean_nlls``); the mass and the gates run here.
 
     ``native_sliding`` is the policy every hybrid will run under (``apply``'s): with ``"keep"`` the
     NLLs and gates leave native sliding layers on their own window. (The mass is measured under full
@@ -161,7 +163,7 @@ def score_units(
             for b in bases:
                 ref, gains = nll_scores(
                     model, b, prompts, units, chunk_size=chunk_size, bar=bar, native_sliding=native_sliding,
-                    memo=memo,
+                    memo=memo, workers=workers,
                 )  # fmt: skip
                 out[str(b)]["nll"] = gains
                 out[str(b)]["nll_base"] = ref
@@ -339,6 +341,7 @@ def calibrate(
     sinks: Sequence[int] | None = None,
     native_sliding: str = "override",
     memo: Memo | None = None,
+    workers: NllWorkers | None = None,
 ) -> CalibrationResult:
     """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
 
@@ -366,6 +369,8 @@ def calibrate(
             step) to reuse and to keep as they finish (``tuning/memo.py``): with one on disk a
             stopped calibration resumes at the run (or gate step) it was in, and calibrations on the
             same prompts share their runs. The result is the same.
+        workers: where the answer-NLL runs go (``nll.NllWorkers``: local worker processes or Ray
+            tasks, each with its own model copy); ``None``: this process. The result is the same.
 
     Returns:
         A :class:`CalibrationResult`; the model is left in full attention.
@@ -384,14 +389,14 @@ def calibrate(
     criteria = [criterion] if criterion in ("mass", "rank") else [criterion, "mass"]
     all_scores = score_units(
         model, prompts, bases, units, criteria, chunk_size=chunk_size, last_queries=last_queries,
-        progress=progress, native_sliding=native_sliding, memo=memo,
+        progress=progress, native_sliding=native_sliding, memo=memo, workers=workers,
     )  # fmt: skip
     tried = [
         _choose_on_base(model, b, units, all_scores[str(b)], criterion, select, prompts, k, pool, chunk_size,
-                        progress, native_sliding, memo)
+                        progress, native_sliding, memo, workers)
         for b in bases
     ]  # fmt: skip
-    best = _best_sinks(model, tried, prompts, chunk_size, native_sliding, memo)
+    best = _best_sinks(model, tried, prompts, chunk_size, native_sliding, memo, workers)
     base, chosen, spec, scores, steps = (best[key] for key in ("base", "chosen", "spec", "scores", "steps"))
     warnings = native_local_warnings(model.config, chosen, length)
     for w in warnings:
@@ -427,12 +432,12 @@ def calibrate(
 
 
 def _choose_on_base(model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress,
-                    native_sliding, memo) -> dict:  # fmt: skip
+                    native_sliding, memo, workers=None) -> dict:  # fmt: skip
     """The K units kept full on one streaming base ``swa:W:S``: top-K by ``criterion``, or greedy."""
     steps: list[dict] = []
     if select == "greedy":
         chosen, steps = _greedy(
-            model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo
+            model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo, workers
         )
     else:
         chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
@@ -447,14 +452,18 @@ def _choose_on_base(model, base, units, scores, criterion, select, prompts, k, p
     }
 
 
-def _best_sinks(model, tried: list[dict], prompts, chunk_size: int, native_sliding: str, memo=None) -> dict:
+def _best_sinks(model, tried: list[dict], prompts, chunk_size: int, native_sliding: str, memo=None,
+                workers=None) -> dict:  # fmt: skip
     """Of hybrids built on several sink counts, the one with the lowest answer NLL on the calibration
     prompts (each gets ``"nll"``); ties go to the earlier (fewer) sinks. One hybrid: itself."""
     if len(tried) == 1:
         return tried[0]
     try:
-        for t in tried:
-            t["nll"] = mean_nll(model, t["spec"], prompts, chunk_size, None, native_sliding, memo)
+        nlls = mean_nlls(
+            model, [t["spec"] for t in tried], prompts, chunk_size, None, native_sliding, memo, workers
+        )
+        for t, nll in zip(tried, nlls):
+            t["nll"] = nll
     finally:
         use_method(model, "full")
     return min(tried, key=lambda t: t["nll"])
@@ -511,7 +520,8 @@ def _check_calibration(model, method, k, by, criterion, seed, length, select, po
     return base, units, pool
 
 
-def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo=None):
+def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo=None,
+            workers=None):  # fmt: skip
     """``(chosen units, steps)`` of greedy selection over the ``pool`` best single units by NLL."""
     candidates = select_units(units, scores["nll"], pool)
     ref = scores["nll_base"]
@@ -524,8 +534,9 @@ def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, 
     try:
         return greedy_select(
             candidates, k,
-            lambda kept: mean_nll(
-                model, spec_with_units(base, kept), prompts, chunk_size, bar, native_sliding, memo
+            lambda kepts: mean_nlls(
+                model, [spec_with_units(base, kept) for kept in kepts], prompts, chunk_size, bar, native_sliding,
+                memo, workers,
             ),
             first=first,
         )  # fmt: skip

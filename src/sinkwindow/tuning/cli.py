@@ -103,6 +103,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..eval.fingerprint import model_identity
     from .calibrate import calibrate, write_calibration
     from .memo import Memo
+    from .nll import nll_workers
     from .prompts import check_calibration_seed
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
@@ -119,7 +120,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             model, tok, args.method, k, by=by, criterion=args.criterion, samples=args.samples, length=args.length,
             seed=args.seed, chunk_size=args.chunk_size, last_queries=args.last_queries,
             progress=not args.no_progress, name=args.model, select=args.select, pool=args.pool, sinks=args.sinks,
-            native_sliding=args.native_sliding, memo=memo,
+            native_sliding=args.native_sliding, memo=memo, workers=nll_workers(args.workers, args.ray, _loader(args)),
         )  # fmt: skip
         paths = write_calibration(result, args.out)
     if memo.hits:
@@ -309,7 +310,10 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
                                 "their own window; the budget question is on the globals) or override")  # fmt: skip
     cli_args.add_out(p, "runs/frontier", help="run folder (resumes if it exists)")
     cli_args.add_new_run(p, redo=False, what="its calibrations and rows are")
-    cli_args.add_scheduler(p, unit="the evaluation's cells (calibration stays in this process)")
+    cli_args.add_scheduler(
+        p,
+        unit="the evaluation's cells and the calibration's answer-NLL runs (mass and gates stay in this process)",
+    )
     cli_args.add_allow_dirty(p)
     _add_runtime(p)
     p.set_defaults(func=_cmd_frontier)
@@ -380,6 +384,7 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     cli_args.add_out(p, "runs/calibrate", help="folder for calibrate.json, calibrate.png and runs.jsonl (every "
                      "finished run: a stopped calibration resumes, a rerun reuses them)")  # fmt: skip
     _add_runtime(p)
+    cli_args.add_scheduler(p, unit="the answer-NLL runs (mass and gates stay in this process)")
     p.set_defaults(func=_cmd_calibrate)
 
 

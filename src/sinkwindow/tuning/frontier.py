@@ -50,7 +50,7 @@ from ..method import use_method
 from ..spec import MethodSpec, parse_spec
 from .calibrate import calibrate
 from .memo import Memo
-from .nll import mean_nll
+from .nll import NllWorkers, mean_nlls, nll_workers
 from .prompts import CAL_SEED, calibration_prompts, check_calibration_seed
 from .units import model_units, spec_with_units
 
@@ -190,12 +190,13 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
 
     Selections go one at a time: each is calibrated at every budget, then its specs (and full
     attention) are evaluated and ``frontier.*`` rewritten with every point so far.
-    Calibration runs in this process; the evaluation's cells run where ``workers`` / ``ray`` say
-    (``EvalConfig``: local worker processes or Ray tasks), with the same rows as a serial run. The
-    workers load their own copy with ``model_factory`` (a picklable ``() -> (model, tokenizer)``);
-    without one they get a pickled copy of ``model``, and a model calibration converted does not
-    pickle. ``source_diff``: the sha256 of uncommitted source changes the run was allowed to
-    compute with (``runs.check_clean_source``), recorded in every row.
+    The evaluation's cells and the calibration's answer-NLL runs go where ``workers`` / ``ray`` say
+    (local worker processes or Ray tasks; ``nll.mean_nlls``), with the same rows and NLLs as a serial
+    run; the attention mass and the trained gates run in this process. The workers load their own
+    copy with ``model_factory`` (a picklable ``() -> (model, tokenizer)``); without one they get a
+    pickled copy of ``model``, and a model calibration converted does not pickle. ``source_diff``:
+    the sha256 of uncommitted source changes the run was allowed to compute with
+    (``runs.check_clean_source``), recorded in every row.
 
     A folder keeps one calibration setting (``fingerprint.json``: the model, context, sinks, stream
     window, calibration prompts, chunk size): a rerun with other budgets, selections or samples adds
@@ -229,6 +230,11 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         lambda: calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
     )
     memo = Memo(out / "calibration" / "runs.jsonl")
+    runs_at = None
+    if workers is not None or ray not in (None, False):
+        from ..eval.scheduler import PickledModel
+
+        runs_at = nll_workers(workers, ray, model_factory or PickledModel((model, tokenizer)))
     order = sorted(cfg.selections, key=SELECTIONS.index)  # cheapest first
     saved = {(s, b): _saved_point(out, s, b) for s in order for b in cfg.budgets}
     points = [p for p in saved.values() if p is not None]
@@ -249,7 +255,9 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         evaluate_and_write()
     for selection in order:
         fresh = [
-            _choose(model, tokenizer, prompts, selection, b, int(b * full_bytes), context, cfg, out, memo)
+            _choose(
+                model, tokenizer, prompts, selection, b, int(b * full_bytes), context, cfg, out, memo, runs_at
+            )
             for b in cfg.budgets
             if saved[(selection, b)] is None
         ]
@@ -299,15 +307,18 @@ def _saved_point(out: Path, selection: str, budget: float) -> FrontierPoint | No
 
 
 def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
-            cfg: FrontierConfig, out: Path, memo: Memo) -> FrontierPoint | None:  # fmt: skip
+            cfg: FrontierConfig, out: Path, memo: Memo, workers: NllWorkers | None = None) -> FrontierPoint | None:  # fmt: skip
     """One point calibrated now and saved beside the others; ``None`` when nothing fits."""
     path = _point_path(out, selection, budget)
     t0 = time.process_time()
     with memo.tally() as tally:
-        spec = _calibrate_point(model, tokenizer, prompts, selection, budget_bytes, context, cfg, memo)
+        spec = _calibrate_point(
+            model, tokenizer, prompts, selection, budget_bytes, context, cfg, memo, workers
+        )
     if spec is None:
         return None
-    here = time.process_time() - t0
+    # CPU spent here: this process's, and the runs its workers computed for it.
+    here = time.process_time() - t0 + tally.elsewhere_cpu_s
     alone = here - tally.computed_cpu_s + tally.cpu_s
     dtype, policy = model.dtype, cfg.native_sliding
     kv = analytic_state_bytes(spec, model.config, context, dtype=dtype, native_sliding=policy)
@@ -319,7 +330,7 @@ def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budge
 
 
 def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: str, budget_bytes: int, context: int,
-                     cfg: FrontierConfig, memo: Memo) -> MethodSpec | None:  # fmt: skip
+                     cfg: FrontierConfig, memo: Memo, workers: NllWorkers | None = None) -> MethodSpec | None:  # fmt: skip
     """The spec ``selection`` chooses within ``budget_bytes``, or ``None`` when nothing fits."""
     dtype, policy = model.dtype, cfg.native_sliding
     if selection == "swa":
@@ -331,12 +342,10 @@ def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: s
         if not specs:
             return None
         try:
-            nll = {
-                str(sp): mean_nll(model, sp, prompts(), cfg.chunk_size, None, policy, memo) for sp in specs
-            }
+            nlls = mean_nlls(model, specs, prompts(), cfg.chunk_size, None, policy, memo, workers)
         finally:
             use_method(model, "full")
-        return min(specs, key=lambda sp: nll[str(sp)])
+        return min(zip(specs, nlls), key=lambda pair: pair[1])[0]
     else:
         by, criterion, select = _CALIBRATION[selection]
         sinks = [s for s in cfg.sinks if s < cfg.stream_window]
@@ -357,7 +366,7 @@ def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: s
         res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=cfg.calib_samples,
                         length=cfg.calib_length or context, seed=cfg.seed,
                         chunk_size=cfg.chunk_size, progress=False, select=select, pool=pool, sinks=sinks,
-                        native_sliding=policy, memo=memo)  # fmt: skip
+                        native_sliding=policy, memo=memo, workers=workers)  # fmt: skip
         spec = parse_spec(res.spec)
     return spec
 

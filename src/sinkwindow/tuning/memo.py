@@ -44,10 +44,13 @@ def _canonical(key: dict) -> str:
 
 @dataclass
 class Tally:
-    """The runs one block used (``Memo.tally``): each run's CPU seconds, and those computed in it."""
+    """The runs one block used (``Memo.tally``): each run's CPU seconds, those computed in it, and of
+    those the ones computed in other processes (worker processes or Ray tasks: this process's CPU
+    time does not hold them)."""
 
     used: dict[str, float] = field(default_factory=dict)
     computed: dict[str, float] = field(default_factory=dict)
+    elsewhere: dict[str, float] = field(default_factory=dict)
 
     @property
     def cpu_s(self) -> float:
@@ -58,6 +61,11 @@ class Tally:
     def computed_cpu_s(self) -> float:
         """CPU seconds of the runs computed inside the block."""
         return sum(self.computed.values())
+
+    @property
+    def elsewhere_cpu_s(self) -> float:
+        """CPU seconds of the runs computed inside the block by other processes."""
+        return sum(self.elsewhere.values())
 
 
 class Memo:
@@ -95,9 +103,9 @@ class Memo:
                 t.used[text] = self._cpu_s[text]
         return value
 
-    def put(self, key: dict, value, cpu_s: float = 0.0) -> None:
-        """Store ``value`` (JSON, not ``None``) under ``key``, computed in ``cpu_s`` CPU seconds; on
-        disk before this returns."""
+    def put(self, key: dict, value, cpu_s: float = 0.0, *, elsewhere: bool = False) -> None:
+        """Store ``value`` (JSON, not ``None``) under ``key``, computed in ``cpu_s`` CPU seconds (by
+        another process: ``elsewhere``); on disk before this returns."""
         if value is None:
             raise ValueError("a memo stores values, not None (None reads as 'not computed')")
         key = self._scoped(key)
@@ -106,6 +114,8 @@ class Memo:
         self._cpu_s[text] = float(cpu_s)
         for t in self._tallies:
             t.used[text] = t.computed[text] = float(cpu_s)
+            if elsewhere:
+                t.elsewhere[text] = float(cpu_s)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             line = json.dumps({"key": key, "value": value, "cpu_s": round(float(cpu_s), 3)}, sort_keys=True)

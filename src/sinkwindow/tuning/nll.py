@@ -1,10 +1,20 @@
 """The ``nll`` criterion: the teacher-forced answer's NLL under a method, each unit's NLL gain when it
-alone keeps full attention, and greedy selection that re-scores given the units already kept."""
+alone keeps full attention, and greedy selection that re-scores given the units already kept.
+
+A calibration is hundreds of NLL runs (four 4K-token prompts each, about a minute on one thread),
+and within a greedy step or a set of single-unit scores they do not depend on one another:
+:func:`mean_nlls` takes a batch of specs and, given :class:`NllWorkers`, sends the runs its memo does
+not hold to the evaluation's schedulers (``eval/scheduler.py``: local worker processes, each with its
+own model copy, or Ray tasks), keeping each run in the memo as it comes back. Without workers the
+runs go one after another in this process; the values are the same either way.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,12 +22,22 @@ import torch.nn.functional as F
 from ..method import use_method
 from ..patch import make_cache
 from ..prefill import prefill
-from ..spec import MethodSpec
+from ..spec import MethodSpec, parse_spec
 from .memo import Memo, prompts_digest
 from .prompts import CalibrationPrompt
 from .units import Unit, check_base_spec, spec_with_units, unit_label
 
-__all__ = ["answer_nll", "mean_nll", "nll_key", "nll_scores", "greedy_select", "greedy_runs"]
+__all__ = [
+    "answer_nll",
+    "mean_nll",
+    "mean_nlls",
+    "NllWorkers",
+    "nll_workers",
+    "nll_key",
+    "nll_scores",
+    "greedy_select",
+    "greedy_runs",
+]
 
 
 @torch.no_grad()
@@ -79,6 +99,102 @@ def mean_nll(
     return nll
 
 
+@dataclass(frozen=True)
+class NllWorkers:
+    """Where a batch of NLL runs goes besides this process (:func:`mean_nlls`).
+
+    Attributes:
+        scheduler: an ``eval.scheduler.Scheduler`` (``make_scheduler(workers, ray)``).
+        load: ``() -> (model, tokenizer)``, picklable: how each worker gets its own model copy.
+    """
+
+    scheduler: Any
+    load: Callable[[], tuple]
+
+
+def nll_workers(
+    workers: int | str | None, ray: str | bool | None, load: Callable[[], tuple]
+) -> NllWorkers | None:
+    """The :class:`NllWorkers` ``--workers N`` / ``--ray [ADDRESS]`` ask for (neither: ``None``, this
+    process). Runs are handed out in batch order (no method affinity: each run is its own spec)."""
+    if workers is None and ray in (None, False):
+        return None
+    from ..eval.scheduler import make_scheduler
+
+    return NllWorkers(make_scheduler(workers, ray, keep_method=False), load)
+
+
+@dataclass(frozen=True)
+class _NllJob:
+    """What a worker needs besides its model: the prompts and how to run them."""
+
+    prompts: tuple
+    chunk_size: int
+    native_sliding: str
+
+
+def _nll_cell(job: _NllJob, cell, model_and_tokenizer: tuple, state: dict) -> list[dict]:
+    """One NLL run where a scheduler put it: ``cell.method`` on every prompt, with its CPU seconds."""
+    t0 = time.process_time()
+    nll = mean_nll(model_and_tokenizer[0], parse_spec(cell.method), job.prompts, job.chunk_size, None,
+                   job.native_sliding)  # fmt: skip
+    return [{"nll": nll, "cpu_s": time.process_time() - t0}]
+
+
+def mean_nlls(
+    model,
+    specs: Sequence[MethodSpec | str],
+    prompts: Sequence[CalibrationPrompt],
+    chunk_size: int,
+    bar=None,
+    native_sliding: str = "override",
+    memo: Memo | None = None,
+    workers: NllWorkers | None = None,
+) -> list[float]:
+    """:func:`mean_nll` of each spec, in order (a spec given twice runs once).
+
+    Without ``workers`` the runs go one after another here, each leaving ``model`` in its spec. With
+    ``workers`` the runs the memo does not hold go out as one batch and ``model`` is not touched;
+    each is kept in the memo, with the CPU seconds its worker spent, as soon as it comes back, so a
+    stopped batch loses only the runs in flight.
+
+    Raises:
+        CellsFailedError: runs that failed in their workers after the scheduler's retries.
+    """
+    specs = [parse_spec(s) if isinstance(s, str) else s for s in specs]
+    if workers is None:
+        return [mean_nll(model, s, prompts, chunk_size, bar, native_sliding, memo) for s in specs]
+    from ..eval.scheduler import Cell, CellJob, CellsFailedError
+
+    found: dict[str, float] = {}
+    todo: list[str] = []
+    for s in dict.fromkeys(str(s) for s in specs):
+        hit = None if memo is None else memo.get(nll_key(s, prompts, chunk_size, native_sliding))
+        if hit is None:
+            todo.append(s)
+        else:
+            found[s] = float(hit)
+            if bar is not None:
+                bar.update(len(prompts))
+    if todo:
+        length = int(prompts[0].input_ids.shape[1])
+        cells = [Cell("calibration", s, "nll", length, 0, (i,)) for i, s in enumerate(todo)]
+        job = CellJob(_NllJob(tuple(prompts), chunk_size, native_sliding), workers.load, _nll_cell)
+
+        def done(cell, rows: list[dict]) -> None:
+            found[cell.method] = float(rows[0]["nll"])
+            if memo is not None:
+                memo.put(nll_key(cell.method, prompts, chunk_size, native_sliding), found[cell.method],
+                         rows[0]["cpu_s"], elsewhere=True)  # fmt: skip
+            if bar is not None:
+                bar.update(len(prompts))
+
+        failures = workers.scheduler.run(job, cells, done)
+        if failures:
+            raise CellsFailedError(failures)
+    return [found[str(s)] for s in specs]
+
+
 def nll_scores(
     model,
     base: MethodSpec | str,
@@ -89,21 +205,21 @@ def nll_scores(
     bar=None,
     native_sliding: str = "override",
     memo: Memo | None = None,
+    workers: NllWorkers | None = None,
 ) -> tuple[float, list[float]]:
     """NLL gain of each unit kept full alone: ``nll(base) - nll(base+full:unit)``.
 
-    Leaves the model in full attention. ``memo``: finished runs to reuse and keep (``mean_nll``).
+    Leaves the model in full attention. ``memo``: finished runs to reuse and keep; ``workers``:
+    where the runs go (:func:`mean_nlls`).
 
     Returns:
         ``(nll of base, [gain per unit])``, nats per answer token, averaged over prompts.
     """
     base = check_base_spec(base)
     try:
-        ref = mean_nll(model, base, prompts, chunk_size, bar, native_sliding, memo)
-        gains = [
-            ref - mean_nll(model, spec_with_units(base, [u]), prompts, chunk_size, bar, native_sliding, memo)
-            for u in units
-        ]
+        ref, *nlls = mean_nlls(model, [base, *(spec_with_units(base, [u]) for u in units)], prompts, chunk_size,
+                               bar, native_sliding, memo, workers)  # fmt: skip
+        gains = [ref - v for v in nlls]
     finally:
         use_method(model, "full")
     return ref, gains
@@ -112,7 +228,7 @@ def nll_scores(
 def greedy_select(
     candidates: Sequence[Unit],
     k: int,
-    nll_of: Callable[[list[Unit]], float],
+    nlls_of: Callable[[list[list[Unit]]], list[float]],
     *,
     first: dict[Unit, float] | None = None,
 ) -> tuple[list[Unit], list[dict]]:
@@ -121,7 +237,8 @@ def greedy_select(
     Args:
         candidates: the units that may be kept, in the order that breaks ties (best single first).
         k: units to keep, at most ``len(candidates)``.
-        nll_of: mean NLL with a list of units kept full (on top of the base).
+        nlls_of: mean NLL with each of several lists of units kept full (on top of the base): one
+            step's candidates go as one batch, so they can run side by side (:func:`mean_nlls`).
         first: NLL of each candidate kept alone, when already known (step 1 then costs nothing).
 
     Returns:
@@ -137,7 +254,7 @@ def greedy_select(
         if step == 0 and first is not None:
             tried = {u: float(first[u]) for u in rest}
         else:
-            tried = {u: float(nll_of([*chosen, u])) for u in rest}
+            tried = dict(zip(rest, map(float, nlls_of([[*chosen, u] for u in rest]))))
         best = min(rest, key=lambda u: (tried[u], rest.index(u)))  # ties: the earlier candidate
         chosen.append(best)
         steps.append(

@@ -330,6 +330,18 @@ def test_frontier_evaluates_on_workers_with_the_serial_rows_and_refuses_dirty_so
     assert rows(tmp_path / "workers") == rows(tmp_path / "serial") and len(rows(tmp_path / "serial")) == 12
     sessions = (tmp_path / "workers" / "eval" / "sessions.jsonl").read_text()
     assert "2 local worker process" in sessions
+    # The calibration's NLL runs went to the workers too: the same point, and its cost "here" holds
+    # the CPU the workers spent on its runs (this process ran none of them).
+    serial, spread = (
+        json.loads((tmp_path / d / "frontier.json").read_text())["points"] for d in ("serial", "workers")
+    )
+    assert [p["spec"] for p in spread] == [p["spec"] for p in serial]
+    runs = [
+        json.loads(line)
+        for line in (tmp_path / "workers" / "calibration" / "runs.jsonl").read_text().splitlines()
+    ]
+    assert len(runs) == 2 and all(r["key"]["kind"] == "nll" and r["cpu_s"] > 0 for r in runs)
+    assert spread[0]["calib_cpu_minutes_here"] * 60 >= sum(r["cpu_s"] for r in runs) - 0.01
     # Other calibration settings in the same folder: refused in one line naming --new-run, which works.
     capsys.readouterr()
     assert main([*argv, "--out", str(tmp_path / "serial"), "--pool", "3"]) == 2

@@ -153,7 +153,7 @@ def mean_nlls(
 ) -> list[float]:
     """:func:`mean_nll` of each spec, in order (a spec given twice runs once).
 
-    Without ``workers`` the runs go one after another here, each leaving ``model`` in its spec. With
+    Without ``workers`` the runs go one after another here (``model`` is left in the last one). With
     ``workers`` the runs the memo does not hold go out as one batch and ``model`` is not touched;
     each is kept in the memo, with the CPU seconds its worker spent, as soon as it comes back, so a
     stopped batch loses only the runs in flight.
@@ -161,14 +161,17 @@ def mean_nlls(
     Raises:
         CellsFailedError: runs that failed in their workers after the scheduler's retries.
     """
-    specs = [parse_spec(s) if isinstance(s, str) else s for s in specs]
+    unique = list(dict.fromkeys(str(s) for s in specs))
     if workers is None:
-        return [mean_nll(model, s, prompts, chunk_size, bar, native_sliding, memo) for s in specs]
+        found = {
+            s: mean_nll(model, parse_spec(s), prompts, chunk_size, bar, native_sliding, memo) for s in unique
+        }
+        return [found[str(s)] for s in specs]
     from ..eval.scheduler import Cell, CellJob, CellsFailedError
 
     found: dict[str, float] = {}
     todo: list[str] = []
-    for s in dict.fromkeys(str(s) for s in specs):
+    for s in unique:
         hit = None if memo is None else memo.get(nll_key(s, prompts, chunk_size, native_sliding))
         if hit is None:
             todo.append(s)

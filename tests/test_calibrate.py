@@ -17,6 +17,7 @@ from sinkwindow.eval.scheduler import LocalScheduler
 from sinkwindow.models import load
 from sinkwindow.tuning import (
     CAL_SEED,
+    CRITERIA,
     EVAL_SEEDS,
     calibrate,
     calibration_prompts,
@@ -545,6 +546,7 @@ def test_cli_seed_constants_match_their_sources():
     from sinkwindow.tuning import cli as tcli
 
     assert tcli.CAL_SEED == CAL_SEED and tcli.HELDOUT_SEED == HELDOUT_SEED
+    assert tcli.CRITERIA == CRITERIA
 
 
 @pytest.mark.slow

@@ -105,7 +105,7 @@ def test_lost_points_come_back_from_the_memo_without_running_the_model(drawn, pa
     # Budgets shared their runs: each was computed once (the gates' state is kept after every step).
     keys = [json.dumps(r["key"], sort_keys=True) for r in memo if r["key"]["kind"] != "gates-progress"]
     assert len(keys) == len(set(keys))
-    assert {r["key"]["kind"] for r in memo} == {"nll", "gates", "gates-progress", "mass"}
+    assert {r["key"]["kind"] for r in memo} == {"nll", "gates", "gates-progress", "mass", "retrieval"}
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "calibration").mkdir()
@@ -124,6 +124,7 @@ def test_lost_points_come_back_from_the_memo_without_running_the_model(drawn, pa
     monkeypatch.setattr(nll_mod, "answer_nll", no_model)
     monkeypatch.setattr(gates, "train_gates", no_model)
     monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.calibrate"), "mass_scores", no_model)
+    monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.calibrate"), "retrieval_scores", no_model)
     again = frontier(model, tok, CONTEXT, CONFIG, copy, name="tiny", progress=False)
     assert [(p.budget, p.selection, p.spec) for p in again] == [
         (p.budget, p.selection, p.spec) for p in points
@@ -137,9 +138,10 @@ def test_a_point_costs_every_run_it_used_also_those_an_earlier_point_paid_for(dr
         r["cpu_s"] > 0 for r in memo if r["key"]["kind"] != "gates-progress"
     )  # its CPU is in its value
     by = {(p.budget, p.selection): p for p in points}
-    first, second = by[(0.4, "heads-nll")], by[(0.75, "heads-nll")]
-    # The second budget reuses the first's single-head NLLs: it spent less here than it costs alone.
+    first, second = by[(0.4, "heads-retrieval")], by[(0.75, "heads-nll")]
+    # The first head point ran everything it used: it spent here what it costs alone.
     assert first.calib_cpu_minutes == pytest.approx(first.calib_cpu_minutes_here, abs=2e-4)
+    # The second heads-nll budget reuses the first's single-head NLLs: it spent less here than alone.
     # ... and its cost alone counts them: every single-head NLL on both sink bases (swa:64:0 and swa:64:4).
     single_head = re.compile(r"swa:64:[04]\+full:\d+\.\d+")
     singles = sum(
@@ -182,9 +184,13 @@ def test_frontier_cli_parses_budgets_and_selections():
     from sinkwindow.cli import build_parser
 
     args = build_parser().parse_args(
-        ["frontier", "--budgets", "0.5,0.125", "--selections", "swa,heads-gates"]
+        ["frontier", "--budgets", "0.5,0.125", "--selections", "swa,heads-gates,heads-retrieval"]
     )
-    assert args.budgets == [0.125, 0.5] and args.selections == ["swa", "heads-gates"] and args.context == 4096
+    assert (
+        args.budgets == [0.125, 0.5]
+        and args.selections == ["swa", "heads-gates", "heads-retrieval"]
+        and args.context == 4096
+    )
     assert args.pool == 20 and build_parser().parse_args(["frontier", "--pool", "8"]).pool == 8
     for bad in (["--budgets", "2"], ["--selections", "heads"], ["--pool", "0"]):
         with pytest.raises(SystemExit):

@@ -98,7 +98,7 @@ FLEX_NAME = flex.FLEX_NAME
 FLEX_ALIASES = ("flex", "flex_attention", FLEX_NAME)
 
 
-def _eager_for(module: torch.nn.Module) -> Callable:
+def eager_attention_for(module: torch.nn.Module) -> Callable:
     """The model's own eager attention function (it may softcap or scale differently per family)."""
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     return fn if fn is not None else _generic_eager
@@ -119,12 +119,12 @@ def _generic_eager(module, query, key, value, attention_mask, scaling=None, drop
 
 def sinkwindow_eager_attention(module, query, key, value, attention_mask, **kwargs):
     """``sinkwindow_eager``: the model's eager attention; the mask carries the window."""
-    unit = hybrid.unit_of(module)
+    unit, eager = hybrid.unit_of(module), eager_attention_for(module)
     if unit is not None:  # a layer or KV heads of a hybrid spec that keep full attention
         return hybrid.attention(
-            module, unit, query, key, value, attention_mask, _eager_for(module), additive=True, **kwargs
+            module, unit, query, key, value, attention_mask, eager, additive=True, **kwargs
         )
-    return _eager_for(module)(module, query, key, value, attention_mask, **kwargs)
+    return eager(module, query, key, value, attention_mask, **kwargs)
 
 
 def sinkwindow_sdpa_attention(module, query, key, value, attention_mask, **kwargs):

@@ -9,8 +9,10 @@ with ``bench.memory``); nothing in the core, ``eval`` or ``bench`` imports it.
     >>> best = tune(model, tok, kv_budget_bytes=24 * 2**20, context=4096)
 
 - ``calibrate``: scores every unit by the NLL gain it gives when it alone is full (``nll``), by the
-  attention mass it puts outside the window under full attention (``mass``), or by both ranks
-  (``rank``), on S-NIAH prompts of a calibration seed no evaluation uses, and keeps the top K.
+  attention mass it puts outside the window under full attention (``mass``), by both ranks
+  (``rank``), by trained gates (``gates``) or by the attention it puts on the needle while the
+  answer is written (``retrieval``), on S-NIAH prompts of a calibration seed no evaluation uses,
+  and keeps the top K.
 - ``tune``: searches W, S, K (and the units) under a KV-memory budget at one context, writes the
   Pareto frontier, and checks the winner on held-out samples of another seed.
 """
@@ -31,6 +33,7 @@ __all__ = lazy_package(
         ],
         ".frontier": ["FrontierConfig", "FrontierPoint", "frontier"],
         ".mass": ["mass_scores"],
+        ".retrieval": ["retrieval_scores"],
         ".memo": ["Memo"],
         ".nll": ["answer_nll", "greedy_select", "nll_scores"],
         ".prompts": [

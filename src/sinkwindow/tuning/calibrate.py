@@ -13,6 +13,10 @@ that no evaluation uses (S-NIAH prompts of seed :data:`CAL_SEED`, far from every
   :data:`LAST_QUERIES` query positions and, for a KV head, over the query heads that share it.
   One full-attention pass gives the mass for every (W, S) at once.
 - ``rank``: the mean of the two ranks (1 = the unit most worth keeping).
+- ``retrieval``: under full attention, the attention weight the answer's queries put on the needle's
+  value (``tuning/retrieval.py``; the soft form of the Retrieval Head paper's copy score, as
+  RazorAttention keeps retrieval heads whole): a KV head scores the largest of its query heads, a
+  layer the largest of its KV heads. One full-attention pass, like ``mass``.
 - ``gates``: DuoAttention's trained gates (``tuning/gates.py``): one α ∈ [0, 1] per KV head, mixing
   its full-attention and SWA(W, S) outputs, trained on the frozen model to keep the last hidden
   states of full attention under an L1 pull towards 0; a unit scores its α (a layer: the mean).
@@ -25,7 +29,7 @@ whose addition gives the lowest NLL *given the units already kept*, the candidat
 best single units.
 
 Cost: ``nll`` runs the prompts once per unit plus once for the base (31 runs for a 30-layer model);
-``mass`` runs them once in all; greedy adds ``(P - 1) + (P - 2) + ... + (P - K + 1)`` runs for a
+``mass`` and ``retrieval`` run them once in all; greedy adds ``(P - 1) + (P - 2) + ... + (P - K + 1)`` runs for a
 pool of P (45 for K = 6, P = 12). Both prefill in chunks through the method's cache, so a long
 prompt never needs more than a chunk's activations and the cache.
 """
@@ -49,6 +53,7 @@ from .mass import LAST_QUERIES, mass_scores
 from .memo import Memo, prompts_digest
 from .nll import NllWorkers, greedy_runs, greedy_select, mean_nlls, nll_scores
 from .prompts import CAL_SEED, CalibrationPrompt, calibration_prompts, check_calibration_seed
+from .retrieval import retrieval_scores
 from .units import Unit, check_base_spec, model_units, parse_unit, spec_with_units, unit_label
 
 __all__ = [
@@ -65,7 +70,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CRITERIA = ("nll", "mass", "rank", "gates")
+CRITERIA = ("nll", "mass", "rank", "gates", "retrieval")
 # Adam steps of the trained gates (criterion "gates", tuning/gates.py): one calibration prompt each.
 GATE_STEPS = 60
 SELECTIONS = ("top", "greedy")
@@ -126,7 +131,7 @@ def score_units(
 
     ``memo``: finished runs to reuse (NLLs, the mass pass, trained gates and the gates' training
     state after each step), where new ones are kept as they finish (``tuning/memo.py``).
-    ``workers``: where the NLL runs go (``nll.mean_nlls``); the mass and the gates run here.
+    ``workers``: where the NLL runs go (``nll.mean_nlls``); the mass, retrieval and gates run here.
 
     ``native_sliding`` is the policy every hybrid will run under (``apply``'s): with ``"keep"`` the
     NLLs and gates leave native sliding layers on their own window. (The mass is measured under full
@@ -142,8 +147,10 @@ def score_units(
     if unknown:
         raise ValueError(f"unknown criterion {unknown[0]!r}: choose from {', '.join(CRITERIA)}")
     need = set(criteria) | ({"nll", "mass"} if "rank" in criteria else set())
-    runs = (len(prompts) if "mass" in need else 0) + (
-        len(bases) * (1 + len(units)) * len(prompts) if "nll" in need else 0
+    runs = (
+        (len(prompts) if "mass" in need else 0)
+        + (len(prompts) if "retrieval" in need else 0)
+        + (len(bases) * (1 + len(units)) * len(prompts) if "nll" in need else 0)
     )  # the gates' steps are not counted: train_gates shows its own bar
     bar = None
     if progress:
@@ -159,6 +166,11 @@ def score_units(
                 out[str(b)]["mass"] = [
                     float(grid[u].mean()) if isinstance(u, int) else float(grid[u[0], u[1]]) for u in units
                 ]
+        if "retrieval" in need:
+            grid = _retrievals(model, prompts, chunk_size, bar, memo)
+            scores = [float(grid[u].max()) if isinstance(u, int) else float(grid[u[0], u[1]]) for u in units]
+            for b in bases:  # measured under full attention: the same for every base
+                out[str(b)]["retrieval"] = scores
         if "nll" in need:
             for b in bases:
                 ref, gains = nll_scores(
@@ -200,6 +212,21 @@ def _masses(model, prompts, bases, last_queries: int, chunk_size: int, bar, memo
     return masses
 
 
+def _retrievals(model, prompts, chunk_size: int, bar, memo: Memo | None) -> torch.Tensor:
+    """``retrieval_scores`` ``[layers, kv_heads]``, or the grid a ``memo`` kept from the same pass."""
+    key = {"kind": "retrieval", "chunk_size": chunk_size, "prompts": prompts_digest(prompts)}
+    hit = None if memo is None else memo.get(key)
+    if hit is not None:
+        if bar is not None:
+            bar.update(len(prompts))
+        return torch.tensor(hit, dtype=torch.float64)
+    t0 = time.process_time()
+    grid = retrieval_scores(model, prompts, chunk_size=chunk_size, bar=bar)
+    if memo is not None:
+        memo.put(key, grid.tolist(), time.process_time() - t0)
+    return grid
+
+
 def _trained_gates(model, sequences, base: MethodSpec, native_sliding: str, memo: Memo | None):
     """``train_gates`` on ``base``, or the gates a ``memo`` kept from the same run (they depend on
     the prompts and the base, not on how many heads are then kept). With a memo the training state is
@@ -234,7 +261,8 @@ class CalibrationResult:
     Attributes:
         units: unit labels (``"11"`` or ``"11.2"``), model order.
         scores: per criterion, one score per unit (``nll``: gain in nats per answer token;
-            ``mass``: out-of-window attention mass in [0, 1]; ``rank``: mean rank, 1 is best).
+            ``mass``: out-of-window attention mass in [0, 1]; ``rank``: mean rank, 1 is best;
+            ``gates``: trained α in [0, 1]; ``retrieval``: attention weight on the needle in [0, 1]).
         nll_base: mean answer NLL under the base spec (when ``nll`` was computed).
         chosen: the K units kept full, best first (greedy: in the order they were added).
         spec: the hybrid spec, canonical.
@@ -349,8 +377,9 @@ def calibrate(
         method: the plain ``swa:W:S`` to build on.
         k: units to keep full, 0 .. number of units.
         by: ``"layer"`` or ``"head"`` (KV heads).
-        criterion: ``"nll"``, ``"mass"``, ``"rank"`` (both, ranks averaged) or ``"gates"`` (one gate
-            per KV head trained on the frozen model, DuoAttention's way: ``tuning/gates.py``).
+        criterion: ``"nll"``, ``"mass"``, ``"rank"`` (both, ranks averaged), ``"gates"`` (one gate
+            per KV head trained on the frozen model, DuoAttention's way: ``tuning/gates.py``) or
+            ``"retrieval"`` (attention on the needle while answering: ``tuning/retrieval.py``).
         samples / length: calibration S-NIAH prompts and their token budget (answer included).
         seed: the prompts' seed; one of ``EVAL_SEEDS`` is refused.
         last_queries: query positions the mass averages over (the prompt's end).
@@ -551,6 +580,7 @@ _LABELS = {
     "mass": "mass outside the window",
     "rank": "mean rank (1 = kept first)",
     "gates": "trained gate α (1 = full attention)",
+    "retrieval": "attention on the needle while answering",
 }
 
 

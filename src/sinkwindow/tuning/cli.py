@@ -20,6 +20,8 @@ CALIBRATE_MIN_LENGTH = 256
 # here would pull torch into every --help.
 CAL_SEED = 7_000_000
 HELDOUT_SEED = 8_000_000
+# Equal to calibrate.CRITERIA (a test keeps them so), for the same reason.
+CRITERIA = ("nll", "mass", "rank", "gates", "retrieval")
 
 
 def swa_method(text: str) -> str:
@@ -277,10 +279,10 @@ def _cmd_frontier(args: argparse.Namespace) -> int:
 def _register_frontier(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "frontier",
-        help="KV budget vs S-NIAH recovery: plain SWA, full layers, full KV heads (NLL, gates), held out",
+        help="KV budget vs S-NIAH recovery: plain SWA, full layers, full KV heads (retrieval, NLL, gates), held out",
         description="At each KV budget (a fraction of full attention's bytes at --context), chooses a spec "
-        "each way (plain SWA at the largest W that fits; whole layers, greedy by NLL; KV heads by NLL; KV heads "
-        "by trained gates; each with its best sink count) on calibration prompts, then runs every spec and full "
+        "each way (plain SWA at the largest W that fits; whole layers, greedy by NLL; KV heads by attention on "
+        "the needle, by NLL, by trained gates; each with its best sink count) on calibration prompts, then runs every spec and full "
         "attention on S-NIAH-1/2/3 at the context on the evaluation seed, and writes frontier.json, frontier.md "
         "and frontier.png (recovery with 95% intervals, exact p against full, calibration CPU-minutes). "
         "Resumable: calibrations and evaluated rows are kept in --out.",
@@ -291,7 +293,7 @@ def _register_frontier(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", type=_fractions, default=[0.125, 0.25, 0.5],
                    help="KV budgets as fractions of full attention's bytes (default: 0.125,0.25,0.5)")  # fmt: skip
     p.add_argument("--selections", type=_selections, default=None,
-                   help="swa, layers, heads-nll, heads-gates, comma-separated (default: all)")  # fmt: skip
+                   help="swa, heads-retrieval, heads-nll, heads-gates, layers, comma-separated (default: all)")  # fmt: skip
     p.add_argument("--sinks", type=sinks_list, default=[4, 64],
                    help="sink counts each selection may use, the best by calibration NLL (default: 4,64)")  # fmt: skip
     p.add_argument("--stream-window", type=cli_args.integer(2, what="--stream-window"), default=256,
@@ -354,9 +356,10 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="keep K KV heads full (each with the query heads that share it)")  # fmt: skip
     # nll by default: on smollm2-135m at 4K (benchmarks/RESULTS.md) its 6 layers lifted S-NIAH-1 from
     # 20% to 77%, while the rank choice (nll and mass averaged) and periodic layers added nothing.
-    p.add_argument("--criterion", choices=("nll", "mass", "rank", "gates"), default="nll",
+    p.add_argument("--criterion", choices=CRITERIA, default="nll",
                    help="how units are ranked (default: %(default)s; nll and rank run the prompts once per unit; gates trains "
-                   "one gate per KV head on the frozen model, DuoAttention's way)")  # fmt: skip
+                   "one gate per KV head on the frozen model, DuoAttention's way; retrieval, one pass: attention on the needle "
+                   "while answering)")  # fmt: skip
     # Single-unit scores cannot see units that only help together; greedy re-scores given those kept.
     p.add_argument("--select", choices=("top", "greedy"), default="top",
                    help="top: the K best single units; greedy (nll): add, one at a time, the unit that lowers the "
@@ -409,7 +412,7 @@ def _register_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sinks", type=sinks_list, default=[4], help="the S values, e.g. 0,4 (default: 4)")
     p.add_argument("--units", choices=("layer", "head"), default="layer",
                    help="full units: whole layers or KV heads (default: %(default)s)")  # fmt: skip
-    p.add_argument("--criterion", choices=("nll", "mass", "rank", "gates"), default="mass",
+    p.add_argument("--criterion", choices=CRITERIA, default="mass",
                    help="how units are ranked (default: %(default)s: one pass for every W; nll/rank are slow, and "
                    "nll chose better layers on smollm2-135m; gates trains one gate per KV head for each W)")  # fmt: skip
     p.add_argument("--max-k", type=cli_args.integer(0, what="--max-k"), default=None,

@@ -4,6 +4,8 @@ the best spec each way of choosing one reaches, measured held out against full a
 The ways (``SELECTIONS``), each at the budget and with its best sink count S among ``sinks``:
 
 - ``swa``: plain SWA(W, S) at the largest W that fits; S by the calibration answer NLL.
+- ``heads-retrieval``: as many KV heads full as fit, those whose attention under full attention
+  falls most on the needle while the answer is written (retrieval heads; one pass, no training).
 - ``heads-nll``: as many KV heads full as fit, the best single heads by NLL gain.
 - ``heads-gates``: as many KV heads full as fit, by DuoAttention's trained gates.
 - ``layers``: SWA(``stream_window``, S) with as many whole layers full as fit, chosen greedily by
@@ -67,10 +69,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SELECTIONS = ("swa", "heads-nll", "heads-gates", "layers")
+SELECTIONS = ("swa", "heads-retrieval", "heads-nll", "heads-gates", "layers")
 # How each selection calibrates: (units, criterion, select).
 _CALIBRATION = {
     "layers": ("layer", "nll", "greedy"),
+    "heads-retrieval": ("head", "retrieval", "top"),
     "heads-nll": ("head", "nll", "top"),
     "heads-gates": ("head", "gates", "top"),
 }
@@ -468,6 +471,9 @@ def _minutes(m: float | None) -> str:
     return "–" if m is None else f"{m:.2f}"
 
 
+_MARKERS = {"swa": "o", "heads-retrieval": "v", "heads-nll": "s", "heads-gates": "D", "layers": "^"}
+
+
 def _plot(points: list[FrontierPoint], path: Path, model: str, context: int) -> Path:
     import matplotlib
 
@@ -476,7 +482,8 @@ def _plot(points: list[FrontierPoint], path: Path, model: str, context: int) -> 
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     measured = [p for p in points if p.recovery is not None]
-    for sel, marker in zip(SELECTIONS, "osD^"):
+    for sel in SELECTIONS:
+        marker = _MARKERS[sel]
         mine = [p for p in measured if p.selection == sel]
         if mine:
             ax.errorbar([100 * p.kv_fraction for p in mine], [p.recovery for p in mine],

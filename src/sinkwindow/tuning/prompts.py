@@ -49,12 +49,15 @@ class CalibrationPrompt:
     Attributes:
         input_ids: ``[1, n]`` the prompt through the answer prefix, encoded as the eval runner does.
         answer_ids: ``[1, a]`` the needle's value (with its leading space), which follows it.
+        needle: ``[start, end)`` of the needle's value among ``input_ids`` (``eval.niah.needle_tokens``),
+            where a head that retrieves the answer must look; ``None`` when unknown.
     """
 
     task: str
     index: int
     input_ids: torch.Tensor
     answer_ids: torch.Tensor
+    needle: tuple[int, int] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -72,7 +75,7 @@ def calibration_prompts(
     any evaluation prompt.
     """
     from ..eval.decoding import encode_prompt
-    from ..eval.niah import generate_niah
+    from ..eval.niah import generate_niah, needle_tokens
     from ..eval.tasks import NIAH_TASKS
 
     tasks = tuple(tasks or NIAH_TASKS)
@@ -89,7 +92,8 @@ def calibration_prompts(
         task = tasks[i % len(tasks)]
         s = drawn[task][i // len(tasks)]
         answer = tokenizer(" " + s.outputs[0], add_special_tokens=False, return_tensors="pt").input_ids
-        out.append(
-            CalibrationPrompt(task, s.index, encode_prompt(tokenizer, s.text, chat_wrapped=False), answer)
-        )
+        ids = encode_prompt(tokenizer, s.text, chat_wrapped=False)
+        # The eval runner's own span (raw prompt: the tokenizer's special tokens, as encode_prompt).
+        needle = needle_tokens(tokenizer, s.text, s.outputs[0], add_special_tokens=True)
+        out.append(CalibrationPrompt(task, s.index, ids, answer, needle))
     return out

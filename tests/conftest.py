@@ -241,6 +241,32 @@ def eval_pair():
     return LlamaForCausalLM(cfg).eval(), tok
 
 
+def eager_attentions(model, ids):
+    """Per layer ``[1, H, n, n]``: one unchunked eager forward's attention weights (a slow reference)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return model(ids, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def tiny_gemma_local_global(vocab_size: int):
+    """A tiny Gemma 3: a native sliding layer (window 80) then a global one, 4 heads on 2 KV heads."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=80,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096,
+    )  # fmt: skip
+    model = Gemma3ForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
 @pytest.fixture(scope="module")
 def tiny_pair():
     """``eval_pair()`` once per test module."""

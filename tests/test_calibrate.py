@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import eval_pair
+from conftest import eager_attentions, eval_pair, tiny_gemma_local_global
 from sinkwindow import apply, make_cache, parse_spec
 from sinkwindow.eval.niah import generate_niah
 from sinkwindow.eval.scheduler import LocalScheduler
@@ -123,15 +123,6 @@ def test_a_window_longer_than_the_prompt_leaves_nothing_to_gain(pair, prompts):
     assert torch.equal(mass, torch.zeros(2, 2, dtype=torch.float64))
 
 
-def _eager_attentions(model, ids):
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            return model(ids, output_attentions=True).attentions  # per layer [1, H, n, n]
-    finally:
-        model.set_attn_implementation("sdpa")
-
-
 def _mass_of(attn: torch.Tensor, window: int, sinks: int, first: int, kv_heads: int) -> torch.Tensor:
     """Direct twin: per KV head, mean over query heads and queries >= first of the dropped keys' weight."""
     n = attn.shape[-1]
@@ -149,7 +140,7 @@ def test_mass_equals_the_eager_attention_weights(pair, prompts):
     want = {ws: torch.zeros(2, 2, dtype=torch.float64) for ws in windows}
     for p in prompts[:2]:
         ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
-        attns = _eager_attentions(model, ids)
+        attns = eager_attentions(model, ids)
         for ws in windows:
             for layer, a in enumerate(attns):
                 want[ws][layer] += _mass_of(a, *ws, ids.shape[1] - 40, kv_heads=2) / 2
@@ -162,23 +153,14 @@ def test_mass_on_native_sliding_layers_uses_absolute_positions(pair, prompts):
     """Gemma 3: a local layer's cache holds only its last keys, so key index 0 is not position 0
     and its queries see only their native window; chunked capture must still equal the one-shot
     eager weights (where the native window is part of the mask)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(
-        vocab_size=len(pair[1]), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=80,
-        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096,
-    )  # fmt: skip
-    model = Gemma3ForCausalLM(cfg).eval()
-    model.set_attn_implementation("sdpa")
+    model = tiny_gemma_local_global(len(pair[1]))
     windows = [(32, 4), (64, 0)]
     got = mass_scores(model, prompts[:2], windows, last_queries=40, chunk_size=96)
     want = {ws: torch.zeros(2, 2, dtype=torch.float64) for ws in windows}
     for p in prompts[:2]:
         ids = torch.cat([p.input_ids, p.answer_ids[:, :-1]], dim=1)
         assert ids.shape[1] > 96 + 80  # chunks past the native window: the cache really slides
-        attns = _eager_attentions(model, ids)
+        attns = eager_attentions(model, ids)
         for ws in windows:
             for layer, a in enumerate(attns):
                 want[ws][layer] += _mass_of(a, *ws, ids.shape[1] - 40, kv_heads=2) / 2

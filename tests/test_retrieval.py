@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import eval_pair
+from conftest import eager_attentions, eval_pair, tiny_gemma_local_global
 from sinkwindow.tuning import calibrate, calibration_prompts
 from sinkwindow.tuning.memo import Memo
 from sinkwindow.tuning.retrieval import retrieval_scores
@@ -15,22 +15,8 @@ LENGTH = 512
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return eval_pair()
-
-
-@pytest.fixture(scope="module")
-def prompts(pair):
-    return calibration_prompts(pair[1], samples=3, length=LENGTH)
-
-
-def _eager_attentions(model, ids):
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            return model(ids, output_attentions=True).attentions  # per layer [1, H, n, n]
-    finally:
-        model.set_attn_implementation("sdpa")
+def prompts(tiny_pair):
+    return calibration_prompts(tiny_pair[1], samples=3, length=LENGTH)
 
 
 def _direct(model, prompts, kv_heads: int) -> torch.Tensor:
@@ -42,7 +28,7 @@ def _direct(model, prompts, kv_heads: int) -> torch.Tensor:
         n, a = p.input_ids.shape[1], p.answer_ids.shape[1]
         start, end = p.needle
         per_layer = []
-        for attn in _eager_attentions(model, ids):
+        for attn in eager_attentions(model, ids):
             rows = attn[0, :, n - 1 : n - 1 + a].double()  # [H, a, keys]: the queries that write the answer
             per_layer.append(rows[..., start:end].sum(-1).mean(-1))  # [H]
         out = out + torch.stack(per_layer) / len(prompts)
@@ -50,8 +36,8 @@ def _direct(model, prompts, kv_heads: int) -> torch.Tensor:
     return out.view(layers, kv_heads, heads // kv_heads).amax(-1)
 
 
-def test_prompts_know_where_their_needle_is(pair, prompts):
-    _, tok = pair
+def test_prompts_know_where_their_needle_is(tiny_pair, prompts):
+    _, tok = tiny_pair
     for p in prompts:
         start, end = p.needle
         assert 0 < start < end <= p.input_ids.shape[1]
@@ -59,8 +45,8 @@ def test_prompts_know_where_their_needle_is(pair, prompts):
         assert tok.decode(p.input_ids[0, start:end]).strip() == tok.decode(p.answer_ids[0]).strip()
 
 
-def test_retrieval_equals_the_eager_attention_weights(pair, prompts):
-    model, _ = pair
+def test_retrieval_equals_the_eager_attention_weights(tiny_pair, prompts):
+    model, _ = tiny_pair
     got = retrieval_scores(model, prompts, chunk_size=96)  # chunks: the answer rows span a chunk border
     want = _direct(model, prompts, kv_heads=2)
     assert got.shape == (2, 2)
@@ -84,19 +70,10 @@ def test_retrieval_of_a_uniform_layer_is_the_needle_share(prompts):
     torch.testing.assert_close(got[1], torch.full((2,), want, dtype=torch.float64), atol=1e-6, rtol=0)
 
 
-def test_retrieval_on_native_sliding_layers_sees_only_the_window(pair, prompts):
+def test_retrieval_on_native_sliding_layers_sees_only_the_window(tiny_pair, prompts):
     """Gemma 3: a local layer whose window has moved past the needle cannot put weight on it, and the
     chunked capture still equals the one-shot eager weights (where the native window is in the mask)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(
-        vocab_size=len(pair[1]), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=80,
-        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096,
-    )  # fmt: skip
-    model = Gemma3ForCausalLM(cfg).eval()
-    model.set_attn_implementation("sdpa")
+    model = tiny_gemma_local_global(len(tiny_pair[1]))
     got = retrieval_scores(model, prompts, chunk_size=96)
     torch.testing.assert_close(got, _direct(model, prompts, kv_heads=2), atol=1e-5, rtol=0)
     far = [p for p in prompts if p.input_ids.shape[1] - p.needle[1] > 80]
@@ -105,8 +82,8 @@ def test_retrieval_on_native_sliding_layers_sees_only_the_window(pair, prompts):
     assert bool((got[1] > 0).all())
 
 
-def test_retrieval_criterion_keeps_the_heads_that_look_at_the_needle(pair, tmp_path):
-    model, tok = pair
+def test_retrieval_criterion_keeps_the_heads_that_look_at_the_needle(tiny_pair, tmp_path):
+    model, tok = tiny_pair
     memo = Memo(tmp_path / "runs.jsonl")
     res = calibrate(model, tok, "swa:64:4", 2, by="head", criterion="retrieval", samples=3, length=LENGTH,
                     progress=False, memo=memo)  # fmt: skip

@@ -57,7 +57,8 @@ def retrieval_scores(
 
     Each prompt runs once (with its answer but the last token) through ``capture_pass``; for every
     query head, the weight the answer's queries put on the needle value's tokens
-    (``CalibrationPrompt.needle``), averaged over the answer's tokens and then over prompts.
+    (``CalibrationPrompt.needle``), averaged over the answer's tokens and then over prompts. Prompts
+    that do not know their needle (``needle=None``) are left out.
 
     Returns:
         ``[layers, kv_heads]`` float64 in [0, 1]: per KV head, the largest of its query heads' scores.

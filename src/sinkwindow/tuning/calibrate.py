@@ -29,9 +29,9 @@ whose addition gives the lowest NLL *given the units already kept*, the candidat
 best single units.
 
 Cost: ``nll`` runs the prompts once per unit plus once for the base (31 runs for a 30-layer model);
-``mass`` and ``retrieval`` run them once in all; greedy adds ``(P - 1) + (P - 2) + ... + (P - K + 1)`` runs for a
-pool of P (45 for K = 6, P = 12). Both prefill in chunks through the method's cache, so a long
-prompt never needs more than a chunk's activations and the cache.
+``mass`` and ``retrieval`` run them once in all; greedy adds ``(P - 1) + (P - 2) + ... +
+(P - K + 1)`` runs for a pool of P (45 for K = 6, P = 12). Both prefill in chunks through the
+method's cache, so a long prompt never needs more than a chunk's activations and the cache.
 """
 
 from __future__ import annotations
@@ -200,31 +200,43 @@ def _masses(model, prompts, bases, last_queries: int, chunk_size: int, bar, memo
     shapes = [(b.window, b.sinks) for b in bases]
     key = {"kind": "mass", "shapes": [list(s) for s in shapes], "last_queries": last_queries,
            "chunk_size": chunk_size, "prompts": prompts_digest(prompts)}  # fmt: skip
-    hit = None if memo is None else memo.get(key)
-    if hit is not None:
-        if bar is not None:
-            bar.update(len(prompts))
-        return {shape: torch.tensor(grid) for shape, grid in zip(shapes, hit)}
-    t0 = time.process_time()
-    masses = mass_scores(model, prompts, shapes, last_queries=last_queries, chunk_size=chunk_size, bar=bar)
-    if memo is not None:
-        memo.put(key, [masses[shape].tolist() for shape in shapes], time.process_time() - t0)
-    return masses
+
+    def run() -> list:
+        masses = mass_scores(
+            model, prompts, shapes, last_queries=last_queries, chunk_size=chunk_size, bar=bar
+        )
+        return [masses[shape].tolist() for shape in shapes]
+
+    grids = _kept_pass(memo, key, len(prompts), bar, run)
+    return {shape: torch.tensor(grid, dtype=torch.float64) for shape, grid in zip(shapes, grids)}
 
 
 def _retrievals(model, prompts, chunk_size: int, bar, memo: Memo | None) -> torch.Tensor:
     """``retrieval_scores`` ``[layers, kv_heads]``, or the grid a ``memo`` kept from the same pass."""
     key = {"kind": "retrieval", "chunk_size": chunk_size, "prompts": prompts_digest(prompts)}
+    grid = _kept_pass(
+        memo,
+        key,
+        len(prompts),
+        bar,
+        lambda: retrieval_scores(model, prompts, chunk_size=chunk_size, bar=bar).tolist(),
+    )
+    return torch.tensor(grid, dtype=torch.float64)
+
+
+def _kept_pass(memo: Memo | None, key: dict, prompts: int, bar, run):
+    """What a ``memo`` kept for one full-attention pass (the bar moved past its ``prompts``), or
+    ``run()``'s JSON-ready result, kept with the CPU seconds it took."""
     hit = None if memo is None else memo.get(key)
     if hit is not None:
         if bar is not None:
-            bar.update(len(prompts))
-        return torch.tensor(hit, dtype=torch.float64)
+            bar.update(prompts)
+        return hit
     t0 = time.process_time()
-    grid = retrieval_scores(model, prompts, chunk_size=chunk_size, bar=bar)
+    value = run()
     if memo is not None:
-        memo.put(key, grid.tolist(), time.process_time() - t0)
-    return grid
+        memo.put(key, value, time.process_time() - t0)
+    return value
 
 
 def _trained_gates(model, sequences, base: MethodSpec, native_sliding: str, memo: Memo | None):

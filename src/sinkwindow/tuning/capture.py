@@ -31,6 +31,7 @@ class WeightsCapture:
     """
 
     def __init__(self, layers: int):
+        self.prompt: CalibrationPrompt | None = None  # the prompt running now
         self.first = 0  # absolute position of the first query that counts, this prompt
         self.seen = torch.zeros(layers, dtype=torch.long)  # tokens each layer has attended, this prompt
 
@@ -51,6 +52,7 @@ class WeightsCapture:
 
     def start_prompt(self, prompt: CalibrationPrompt, length: int) -> None:
         """A new prompt of ``length`` tokens run: no token seen yet."""
+        self.prompt = prompt
         self.first = self.first_query(prompt, length)
         self.seen.zero_()
 

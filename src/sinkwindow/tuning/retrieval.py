@@ -32,22 +32,19 @@ class _NeedleCapture(WeightsCapture):
     def __init__(self, layers: int, heads: int):
         super().__init__(layers)
         self.sums = torch.zeros(layers, heads, dtype=torch.float64)
-        self.needle = (0, 0)
-        self.answer = 1
 
     def first_query(self, prompt: CalibrationPrompt, length: int) -> int:
         # The queries that write the answer: the prompt's last token (it predicts the answer's first
         # token) through the answer's second-to-last.
-        self.needle = prompt.needle
-        self.answer = int(prompt.answer_ids.shape[1])
-        return length - self.answer
+        return length - prompt.answer_ids.shape[1]
 
     def add(self, layer: int, weights: torch.Tensor, pos: torch.Tensor, key_pos: torch.Tensor) -> None:
+        (start, end), answer = self.prompt.needle, self.prompt.answer_ids.shape[1]
         offset, n = int(key_pos[0]), weights.shape[-1]
-        lo, hi = max(0, self.needle[0] - offset), min(n, self.needle[1] - offset)
+        lo, hi = max(0, start - offset), min(n, end - offset)
         if hi <= lo:  # a native sliding layer whose window no longer holds the needle: it cannot look
             return
-        self.sums[layer] += weights[..., lo:hi].double().sum(-1).sum(-1).cpu() / self.answer
+        self.sums[layer] += weights[..., lo:hi].double().sum(-1).sum(-1).cpu() / answer
 
 
 def retrieval_scores(

@@ -76,9 +76,10 @@ def test_retrieval_on_native_sliding_layers_sees_only_the_window(tiny_pair, prom
     model = tiny_gemma_local_global(len(tiny_pair[1]))
     got = retrieval_scores(model, prompts, chunk_size=96)
     torch.testing.assert_close(got, _direct(model, prompts, kv_heads=2), atol=1e-5, rtol=0)
+    # Prompts whose needle lies outside the local window for every answer query: nothing to see there.
     far = [p for p in prompts if p.input_ids.shape[1] - p.needle[1] > 80]
-    if len(far) == len(prompts):
-        assert bool((got[0] == 0).all())  # every needle outside the local window: nothing to see
+    assert far  # two of the three fixture prompts; the third's needle ends 78 tokens from the end
+    assert bool((retrieval_scores(model, far, chunk_size=96)[0] == 0).all())
     assert bool((got[1] > 0).all())
 
 

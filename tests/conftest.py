@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -250,6 +252,26 @@ def eager_attentions(model, ids):
             return model(ids, output_attentions=True).attentions
     finally:
         model.set_attn_implementation(previous)
+
+
+def logits_in_fresh_process(model, ids, tmp_path) -> torch.Tensor:
+    """``model(ids).logits`` computed by a new Python process from a ``torch.save`` of ``model``.
+
+    What a worker process or a Ray task gets: the child imports nothing itself, so whatever the
+    model needs there (its class, sinkwindow's attention names) must come with unpickling.
+    """
+    torch.save((model, ids), tmp_path / "model.pt")
+    code = (
+        "import sys, torch; torch.set_num_threads(1); "
+        "model, ids = torch.load(sys.argv[1], weights_only=False); "
+        "torch.save(model(ids).logits.detach(), sys.argv[2])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "model.pt"), str(tmp_path / "logits.pt")],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return torch.load(tmp_path / "logits.pt")
 
 
 def tiny_gemma_local_global(vocab_size: int):

@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 import sinkwindow
-from conftest import tiny_model
+from conftest import logits_in_fresh_process, tiny_model
 from sinkwindow.linear import LinearAttnCache, convert, get_retrofit, is_converted, load_linear, revert
 
 W = 8
@@ -201,3 +201,14 @@ def test_apply_refuses_a_converted_model():
     revert(model)
     sinkwindow.apply(model, "swa:8:2")
     assert sinkwindow.active_spec(model).kind == "swa"
+
+
+@pytest.mark.parametrize("spec", [f"lolcats:{W}", f"liger:{W}"])
+@torch.no_grad()
+def test_a_saved_converted_model_runs_in_a_fresh_process(spec, tmp_path):
+    # A worker gets the converted model by pickle: unpickling registers the linear attention there.
+    # lolcats with random feature maps (their weights must travel); liger has no parameters of its own.
+    model = converted(spec=spec) if spec.startswith("lolcats") else convert(tiny_model("llama"), spec)
+    ids = ids_for(24)
+    want = model(ids).logits
+    torch.testing.assert_close(logits_in_fresh_process(model, ids, tmp_path), want, atol=0, rtol=0)

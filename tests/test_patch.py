@@ -8,7 +8,16 @@ import pytest
 import torch
 
 import sinkwindow
-from conftest import CORE_FAMILIES, EAGER_ONLY, FAMILIES, VOCAB, family_impls, has_native_sliding, tiny_model
+from conftest import (
+    CORE_FAMILIES,
+    EAGER_ONLY,
+    FAMILIES,
+    VOCAB,
+    family_impls,
+    has_native_sliding,
+    logits_in_fresh_process,
+    tiny_model,
+)
 from sinkwindow.patch import native_sliding_layers, text_config
 from sinkwindow.plan import config_plan
 from sinkwindow.reference import reference_logits, reference_mask
@@ -467,16 +476,40 @@ def test_the_plan_is_one_typed_object_on_the_model_and_never_in_a_saved_config(t
     assert sinkwindow.plan_of(model) is None and config_plan(model.config) is None
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 @torch.no_grad()
-def test_a_deep_copy_of_a_patched_model_runs_the_same_window():
+def test_a_copy_of_a_patched_model_runs_the_same_window_and_restores_alone(how):
     import copy
+    import pickle
+
+    from transformers import LlamaForCausalLM
 
     model = tiny_model("llama")
     ids = _ids(30)
-    sinkwindow.apply(model, "swa:8:2")
+    full = model(ids).logits
+    sinkwindow.apply(model, "swa:8:2+full:1")  # a hybrid: its full-attention units travel too
     want = model(ids).logits
-    twin = copy.deepcopy(model)
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    # The family's class under the context class, so the copy can still open and close blocks.
+    assert type(twin).__name__ == "LlamaForCausalLM" and sinkwindow.patch.base_class(twin) is LlamaForCausalLM
     assert twin.config is not model.config and sinkwindow.plan_of(twin) == sinkwindow.plan_of(model)
     torch.testing.assert_close(twin(ids).logits, want, atol=0, rtol=0)
     sinkwindow.apply(model, "full")  # the original's restore leaves the copy patched
     torch.testing.assert_close(twin(ids).logits, want, atol=0, rtol=0)
+    sinkwindow.apply(twin, "full")  # and the copy's restore removes its own hooks, not the original's
+    assert not twin._forward_pre_hooks and not twin._forward_hooks
+    torch.testing.assert_close(twin(ids).logits, full, atol=0, rtol=0)
+    with sinkwindow.apply(twin, "swa:8:2+full:1"):
+        torch.testing.assert_close(twin(ids).logits, want, atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_a_saved_patched_model_runs_its_window_in_a_fresh_process(tmp_path):
+    # torch.save / pickle, then a process that never imported sinkwindow (a worker, a Ray task).
+    model = tiny_model("llama")
+    ids = _ids(30)
+    full = model(ids).logits
+    sinkwindow.apply(model, "swa:8:2+full:1")
+    want = model(ids).logits
+    assert not torch.allclose(want, full, atol=1e-3)  # the window changes these logits
+    torch.testing.assert_close(logits_in_fresh_process(model, ids, tmp_path), want, atol=0, rtol=0)

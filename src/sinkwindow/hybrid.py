@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,14 +36,23 @@ __all__ = ["HybridUnit", "LiveStep", "UNIT_ATTR", "install", "remove", "unit_of"
 UNIT_ATTR = "_sinkwindow_hybrid"
 
 
+def _no_cache() -> None:
+    return None
+
+
 @dataclass
 class LiveStep:
     """The cache of the forward now running (a weak reference), shared by a model's hybrid units."""
 
-    cache: Callable[[], SinkWindowCache | None] = field(default=lambda: None)
+    cache: Callable[[], SinkWindowCache | None] = _no_cache
 
     def set(self, cache: SinkWindowCache | None) -> None:
-        self.cache = weakref.ref(cache) if cache is not None else (lambda: None)
+        self.cache = weakref.ref(cache) if cache is not None else _no_cache
+
+    def __getstate__(self) -> dict:
+        # A copy or a pickle is made between forwards (the step lives only inside one), and neither a
+        # weak reference nor a lambda pickles.
+        return {"cache": _no_cache}
 
 
 @dataclass

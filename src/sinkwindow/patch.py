@@ -91,6 +91,9 @@ NATIVE_SLIDING_POLICIES = ("override", "keep")
 # Model attributes of the context manager: what the latest apply() replaced, and the open blocks' specs.
 _ENTERED_FROM_ATTR = "_sinkwindow_entered_from"
 _BLOCKS_ATTR = "_sinkwindow_blocks"
+# The handles of the model's two forward hooks, kept on the model so a deep copy or an unpickled copy
+# carries handles to its own hooks (torch's handles pickle and copy with their dicts).
+_HOOKS_ATTR = "_sinkwindow_hooks"
 SDPA_NAME = "sinkwindow_sdpa"
 EAGER_NAME = "sinkwindow_eager"
 FLEX_NAME = flex.FLEX_NAME
@@ -421,6 +424,13 @@ class _SinkWindowContext:
             )
         return super().generate(*args, **kwargs)
 
+    def __reduce_ex__(self, protocol):
+        # This class is made at run time (named after the family, for save_pretrained and reprs), so
+        # pickle cannot find it by name: rebuild it from the family's class instead. What else a
+        # patched model holds travels in its state (plan, hooks, hybrid units); the configs' binding
+        # is redone by the first forward, as for a deep copy.
+        return _new_patched, (_base_of(type(self)),), self.__getstate__()
+
     def __exit__(self, *exc) -> None:
         blocks = self.__dict__.get(_BLOCKS_ATTR) or [None]
         previous = blocks.pop()
@@ -449,6 +459,13 @@ def _context_class(cls: type) -> type:
             {"_sinkwindow_base": cls, "__qualname__": cls.__qualname__},
         )
     return _CONTEXT_CLASSES[cls]
+
+
+def _new_patched(base: type) -> PreTrainedModel:
+    """An empty instance of ``base``'s context class, for unpickling (its state is set after)."""
+    _register()  # a fresh process (a worker) has not run apply: its attention names must exist
+    cls = _context_class(base)
+    return cls.__new__(cls)
 
 
 def _base_of(cls: type) -> type:
@@ -487,6 +504,8 @@ def apply(
     interrupted, else the original attention); leaving the outermost block gives the model its own
     class back. ``apply(model, "full")`` restores the original attention at any time; the model then
     stays under a subclass of its own class (same name, same behaviour) so that it can open a block.
+    A patched model deep-copies and pickles (``torch.save``, worker processes, Ray tasks) with its
+    method: the copy runs the same spec and restores on its own.
 
     Args:
         model: a transformers causal LM of a supported family.
@@ -681,7 +700,7 @@ def _attention_name(cls: type, requested: str | None, current: str) -> str:
 def _restore(model: PreTrainedModel) -> None:
     """Undo ``apply``: hooks, hybrid wrappers, the configs' plan, the attention implementation."""
     plan = plan_of(model)
-    for handle in _HOOKS.pop(model, []):
+    for handle in model.__dict__.pop(_HOOKS_ATTR, []):
         handle.remove()
     hybrid.remove(model)
     unbind(all_configs(model))
@@ -756,14 +775,10 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     return cache
 
 
-# Forward hooks per patched model (kept out of the model so deep copies do not share handles).
-_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _install_hooks(model: PreTrainedModel) -> None:
-    if model in _HOOKS or any(h is _plan_forward for h in model._forward_pre_hooks.values()):
+    if _HOOKS_ATTR in model.__dict__:
         return
-    _HOOKS[model] = [
+    model.__dict__[_HOOKS_ATTR] = [
         model.register_forward_pre_hook(_plan_forward, with_kwargs=True),
         model.register_forward_hook(_close_forward, with_kwargs=True),
     ]

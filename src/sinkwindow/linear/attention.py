@@ -46,6 +46,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
 
 from ..attributes import RETROFIT_ATTR
 from ..spec import MethodSpec
@@ -82,6 +84,7 @@ __all__ = [
     "linear_attention_mask",
     "liger_features",
     "pre_rope",
+    "register",
     "softmax_attention",
     "student_attention",
 ]
@@ -259,6 +262,18 @@ class Retrofit:
 
     def make_cache(self) -> LinearAttnCache:
         return LinearAttnCache(self.num_layers, self.variant.window, kind=self.variant.kind)
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled in a process that never converted a model (a worker): the model it belongs to
+        # names ATTN_NAME as its attention, which must exist there too.
+        self.__dict__.update(state)
+        register()
+
+
+def register() -> None:
+    """Register ``ATTN_NAME`` with transformers' attention and mask interfaces (idempotent)."""
+    AttentionInterface.register(ATTN_NAME, linear_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, linear_attention_mask)
 
 
 def softmax_attention(

@@ -27,8 +27,7 @@ import sys
 
 import torch
 import torch.nn as nn
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import AttentionMaskInterface
+from transformers import PreTrainedModel
 
 from ..attributes import CACHE_FACTORY_ATTR
 from ..patch import active_spec, apply, check_supported, text_config
@@ -42,8 +41,7 @@ from .attention import (
     ROPE_ATTR,
     LinearVariant,
     Retrofit,
-    linear_attention_forward,
-    linear_attention_mask,
+    register,
 )
 from .feature_maps import FEATURE_MAPS
 from .ops import LIGER_GATE_NORMALIZER, LIGER_MIX
@@ -98,12 +96,6 @@ def set_mode(model: PreTrainedModel, mode: str) -> None:
     rf = get_retrofit(model)
     rf.mode = mode
     rf.records.clear()
-
-
-def _register() -> None:
-    # Idempotent: register only updates a dict.
-    AttentionInterface.register(ATTN_NAME, linear_attention_forward)
-    AttentionMaskInterface.register(ATTN_NAME, linear_attention_mask)
 
 
 def _capture_cache(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -304,7 +296,7 @@ def _install(
             rf.hooks.append(attn.register_forward_pre_hook(_capture_rope, with_kwargs=True))
         rf.hooks.append(attn.register_forward_hook(_release_cache, with_kwargs=True, always_call=True))
         rf.modules.append(attn)
-    _register()
+    register()
     model.set_attn_implementation(ATTN_NAME)
     setattr(model, RETROFIT_ATTR, rf)
     setattr(model, CACHE_FACTORY_ATTR, rf.make_cache)

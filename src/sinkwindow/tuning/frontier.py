@@ -197,9 +197,8 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
     (local worker processes or Ray tasks; ``nll.mean_nlls``), with the same rows and NLLs as a serial
     run; the attention mass and the trained gates run in this process. The workers load their own
     copy with ``model_factory`` (a picklable ``() -> (model, tokenizer)``); without one they get a
-    pickled copy of ``model``, and a model calibration converted does not pickle. ``source_diff``:
-    the sha256 of uncommitted source changes the run was allowed to compute with
-    (``runs.check_clean_source``), recorded in every row.
+    pickled copy of ``model``. ``source_diff``: the sha256 of uncommitted source changes the run was
+    allowed to compute with (``runs.check_clean_source``), recorded in every row.
 
     A folder keeps one calibration setting (``fingerprint.json``: the model, context, sinks, stream
     window, calibration prompts, chunk size): a rerun with other budgets, selections or samples adds

@@ -216,6 +216,55 @@ def test_recovery_pairs_samples_per_task_and_weights_tasks_equally():
     assert point.p_vs_full is not None and point.p_vs_full > 0.05  # 2 discordant pairs of 8
 
 
+def test_each_point_is_tested_against_the_best_at_its_budget(tmp_path):
+    from sinkwindow.tuning.frontier import (
+        FrontierConfig,
+        FrontierPoint,
+        best_point,
+        measure_points,
+        write_frontier,
+    )
+
+    def rows(method, scores):
+        return [{"method": method, "task": "niah_single_1", "length": CONTEXT, "index": i, "score": s}
+                for i, s in enumerate(scores)]  # fmt: skip
+
+    full = [100] * 8
+    # At 0.25: A finds 6 of 8, B 4 (B wins sample 0, loses samples 1-3: 1 / 3 against A), C 2 (and
+    # only 7 samples run: pairs are the samples both ran). At 0.5, D and E tie at 5 of 8: the cheaper
+    # calibration (E) is the best.
+    a, b, c = (
+        [0, 100, 100, 100, 100, 100, 100, 0],
+        [100, 0, 0, 0, 100, 100, 100, 0],
+        [100, 100, 0, 0, 0, 0, 0],
+    )
+    d, e = [100] * 5 + [0] * 3, [0] * 3 + [100] * 5
+    points = [
+        FrontierPoint(0.25, "swa", "swa:8:4", 10, 0.0, 1.0),
+        FrontierPoint(0.25, "heads-nll", "swa:4:2+full:0.0", 10, 0.0, 50.0),
+        FrontierPoint(0.25, "layers", "swa:4:2+full:1", 10, 0.0, 9.0),
+        FrontierPoint(0.5, "heads-nll", "swa:4:2+full:0.0,1.0", 20, 0.0, 50.0),
+        FrontierPoint(0.5, "heads-gates", "swa:4:2+full:0.0,1.1", 20, 0.0, 30.0),
+    ]
+    specs = [p.spec for p in points]
+    data = rows("full", full) + [r for spec, sc in zip(specs, (a, b, c, d, e)) for r in rows(spec, sc)]
+    measure_points(points, data, CONTEXT, 40)
+    pa, pb, pc, pd, pe = points
+    assert best_point(points[:3]) is pa and pa.vs_best is None
+    # One task of 0/1 scores: McNemar's exact test, 1 of 4 discordant pairs one way: p = 2 * 5/16.
+    assert pb.vs_best == {"selection": "swa", "spec": "swa:8:4", "wins": 1, "losses": 3, "n": 8, "p": 0.625}
+    assert pc.vs_best["n"] == 7 and (pc.vs_best["wins"], pc.vs_best["losses"]) == (1, 5)
+    assert best_point(points[3:]) is pe and pe.vs_best is None
+    assert (pd.vs_best["selection"], pd.vs_best["wins"], pd.vs_best["losses"]) == ("heads-gates", 3, 3)
+    assert pd.vs_best["p"] == 1.0
+    write_frontier(points, tmp_path, context=CONTEXT, model="m", config=FrontierConfig(), full_bytes=40)
+    table = (tmp_path / "frontier.md").read_text().split("## At each budget")[1]
+    assert "| 0.25 | **swa** | `swa:8:4` | 75.0 [" in table and "| 1 / 3, p 0.62 |" in table
+    assert "| 0.5 | **heads-gates** |" in table and "| 0.5 | heads-nll | `swa:4:2+full:0.0,1.0` |" in table
+    record = json.loads((tmp_path / "frontier.json").read_text())
+    assert [p["vs_best"] is None for p in record["points"]] == [True, False, False, False, True]
+
+
 def test_a_point_counts_the_needles_beyond_its_streaming_window_and_what_full_found_there(tmp_path):
     from sinkwindow.tuning.frontier import FrontierConfig, FrontierPoint, measure_points, write_frontier
 

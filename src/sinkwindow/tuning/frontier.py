@@ -60,6 +60,7 @@ __all__ = [
     "SELECTIONS",
     "FrontierConfig",
     "FrontierPoint",
+    "best_point",
     "frontier",
     "largest_window",
     "max_units",
@@ -129,6 +130,11 @@ class FrontierPoint:
     a hybrid's too; ``eval.window_split.needle_in_window``), ``{"window": [W, S], "n": ..., "found":
     found by the spec, "full_found": found by full attention}``. Plain SWA finds such a needle only
     through what its layers carried forward; a hybrid also through its full layers or heads.
+
+    ``vs_best`` pairs the point with the best one at its budget (the highest recovery; the cheaper
+    calibration on a tie) over the samples both ran: ``{"selection", "spec", "wins", "losses", "n",
+    "p"}``, wins and losses counted for this point, p of the exact paired sign test (stratified by
+    task); ``None`` for the best point itself, or when nothing else at its budget was measured.
     """
 
     budget: float
@@ -146,6 +152,7 @@ class FrontierPoint:
     calib_cpu_minutes_here: float | None = None
     beyond_window: dict | None = None
     full_accuracy: dict[str, float] = field(default_factory=dict)
+    vs_best: dict | None = None
 
 
 def largest_window(
@@ -375,7 +382,7 @@ def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: s
 
 def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, full_bytes: int) -> None:
     """Fill in each point's accuracy per task (and full attention's on the same samples), recovery vs
-    full (paired, stratified by task) and p."""
+    full (paired, stratified by task), p, and its exact test against the best point at its budget."""
     from ..eval.stats import paired_bootstrap_ratio, paired_sign_test
     from ..eval.tasks import NIAH_TASKS
     from ..eval.window_split import needle_in_window
@@ -386,28 +393,36 @@ def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, 
             by.setdefault((r["method"], r["task"]), {})[r["index"]] = float(r["score"]) / 100.0
             if r.get("needle_tokens"):  # the same sample: the same needle whichever method ran it
                 needles[(r["task"], r["index"])] = (*r["needle_tokens"], int(r["n_prompt_tokens"]))
+
+    def paired(a: str, b: str) -> tuple[list[list[float]], list[list[float]], dict[str, list[int]]]:
+        """Per task, ``a``'s and ``b``'s scores on the samples both ran (and those samples)."""
+        ca, cb, common = [], [], {}
+        for task in NIAH_TASKS:
+            sa, sb = by.get((a, task), {}), by.get((b, task), {})
+            idx = sorted(set(sa) & set(sb))
+            if idx:
+                ca.append([sa[i] for i in idx])
+                cb.append([sb[i] for i in idx])
+                common[task] = idx
+        return ca, cb, common
+
     for p in points:
         p.kv_fraction = round(p.kv_bytes / full_bytes, 4)
         spec = parse_spec(p.spec)
         view = (spec.window, spec.sinks)
         beyond = {"window": list(view), "n": 0, "found": 0, "full_found": 0}
         located = 0
-        ca, cb = [], []
-        for task in NIAH_TASKS:
-            mine, full = by.get((p.spec, task), {}), by.get(("full", task), {})
-            common = sorted(set(mine) & set(full))
-            if common:
-                ca.append([mine[i] for i in common])
-                cb.append([full[i] for i in common])
-                p.accuracy[task] = 100.0 * sum(ca[-1]) / len(common)
-                p.full_accuracy[task] = 100.0 * sum(cb[-1]) / len(common)
-            for i in common:
+        ca, cb, common = paired(p.spec, "full")
+        for (task, idx), mine, full in zip(common.items(), ca, cb):
+            p.accuracy[task] = 100.0 * sum(mine) / len(idx)
+            p.full_accuracy[task] = 100.0 * sum(full) / len(idx)
+            for i, a, f in zip(idx, mine, full):
                 where = needles.get((task, i))
                 located += where is not None
                 if where is not None and not needle_in_window(*where, view):
                     beyond["n"] += 1
-                    beyond["found"] += int(mine[i] >= 1.0)
-                    beyond["full_found"] += int(full[i] >= 1.0)
+                    beyond["found"] += int(a >= 1.0)
+                    beyond["full_found"] += int(f >= 1.0)
         if not ca:
             continue
         p.beyond_window = beyond if located else None  # rows without needle positions: unknown
@@ -416,6 +431,23 @@ def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, 
         if not math.isnan(iv.estimate):  # full attention found nothing: no ratio to give
             p.recovery, p.lo, p.hi = 100.0 * iv.estimate, 100.0 * iv.lo, 100.0 * iv.hi
         p.p_vs_full = paired_sign_test(ca, cb).p
+
+    for budget in dict.fromkeys(p.budget for p in points):
+        here = [p for p in points if p.budget == budget and p.recovery is not None]
+        best = best_point(here)
+        for p in here:
+            p.vs_best = None
+            ca, cb, _ = paired(p.spec, best.spec) if p is not best else ([], [], {})
+            if ca:
+                t = paired_sign_test(ca, cb)
+                p.vs_best = {"selection": best.selection, "spec": best.spec, "wins": t.plus,
+                             "losses": t.minus, "n": t.n, "p": t.p}  # fmt: skip
+
+
+def best_point(points: list[FrontierPoint]) -> FrontierPoint | None:
+    """The highest recovery among ``points`` (the cheaper calibration on a tie); ``None`` if none."""
+    measured = [p for p in points if p.recovery is not None]
+    return min(measured, key=lambda p: (-p.recovery, p.calib_cpu_minutes), default=None)
 
 
 def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int, model: str,
@@ -447,6 +479,7 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
         lines.append(f"| {p.budget:g} | {p.selection} | `{p.spec}` | {100 * p.kv_fraction:.1f}% | {_per_task(p)} "
                      f"| {rec} | {p.n} "
                      f"| {pv} | {far} | {p.calib_cpu_minutes:.2f} / {_minutes(p.calib_cpu_minutes_here)} |")  # fmt: skip
+    lines += _head_to_head(points)
     (out / "frontier.md").write_text("\n".join(lines) + "\n")
     paths = {"json": str(out / "frontier.json"), "md": str(out / "frontier.md")}
     try:
@@ -454,6 +487,37 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
     except ImportError:  # matplotlib is an extra
         logger.warning("no frontier.png: matplotlib is not installed (pip install 'sinkwindow[eval]')")
     return paths
+
+
+def _head_to_head(points: list[FrontierPoint]) -> list[str]:
+    """``frontier.md``'s second table: at each budget, the best point and every other against it."""
+    lines = [
+        "",
+        "## At each budget: the best point, and every other against it",
+        "",
+        "Best: the highest recovery (a point estimate; the cheaper calibration on a tie). Against it: the "
+        "other point's wins and losses over the samples both ran, and p of the exact paired sign test "
+        "(stratified by task); a large p means the two are not told apart.",
+        "",
+        "| budget | selection | spec | recovery % | against the best: wins / losses, p |",
+        "|---:|---|---|---|---|",
+    ]
+    for budget in dict.fromkeys(p.budget for p in points):
+        best = best_point([p for p in points if p.budget == budget])
+        if best is None:
+            continue
+        others = sorted((p for p in points if p.budget == budget and p.recovery is not None and p is not best),
+                        key=lambda p: -p.recovery)  # fmt: skip
+        for p in [best, *others]:
+            rec = f"{p.recovery:.1f} [{p.lo:.1f}, {p.hi:.1f}]"
+            vs = p.vs_best
+            if p is best:
+                name, against = f"**{p.selection}**", "(best)"
+            else:
+                name = p.selection
+                against = "–" if not vs else f"{vs['wins']} / {vs['losses']}, p {vs['p']:.2g}"
+            lines.append(f"| {budget:g} | {name} | `{p.spec}` | {rec} | {against} |")
+    return lines
 
 
 def _per_task(p: FrontierPoint) -> str:

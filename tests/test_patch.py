@@ -505,7 +505,7 @@ def test_a_copy_of_a_patched_model_runs_the_same_window_and_restores_alone(how):
 
 @torch.no_grad()
 def test_a_saved_patched_model_runs_its_window_in_a_fresh_process(tmp_path):
-    # torch.save / pickle, then a process that never imported sinkwindow (a worker, a Ray task).
+    # torch.save / pickle, then a process that does not import sinkwindow itself (a worker, a Ray task).
     model = tiny_model("llama")
     ids = _ids(30)
     full = model(ids).logits

@@ -437,7 +437,9 @@ def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, 
         best = best_point(here)
         for p in here:
             p.vs_best = None
-            ca, cb, _ = paired(p.spec, best.spec) if p is not best else ([], [], {})
+            if p is best:
+                continue
+            ca, cb, _ = paired(p.spec, best.spec)
             if ca:
                 t = paired_sign_test(ca, cb)
                 p.vs_best = {"selection": best.selection, "spec": best.spec, "wins": t.plus,
@@ -510,10 +512,10 @@ def _head_to_head(points: list[FrontierPoint]) -> list[str]:
                         key=lambda p: -p.recovery)  # fmt: skip
         for p in [best, *others]:
             rec = f"{p.recovery:.1f} [{p.lo:.1f}, {p.hi:.1f}]"
-            vs = p.vs_best
             if p is best:
                 name, against = f"**{p.selection}**", "(best)"
             else:
+                vs = p.vs_best
                 name = p.selection
                 against = "–" if not vs else f"{vs['wins']} / {vs['losses']}, p {vs['p']:.2g}"
             lines.append(f"| {budget:g} | {name} | `{p.spec}` | {rec} | {against} |")

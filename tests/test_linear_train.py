@@ -16,8 +16,10 @@ from sinkwindow.linear.attention import softmax_attention, student_attention
 from sinkwindow.linear.convert import get_retrofit, set_mode
 from sinkwindow.linear.lora import add_lora, lora_parameters
 from sinkwindow.train.cli import parse_tokens
+from sinkwindow.train.curves import lr_drops
 from sinkwindow.train.data import IGNORE, encode_row, load_training_data, pack
 from sinkwindow.train.finetune import lm_step
+from sinkwindow.train.plateau import plateau
 from sinkwindow.train.stage import StageConfig, run_stage
 from sinkwindow.train.trainer import TrainConfig, train_baseline
 from sinkwindow.train.transfer import (
@@ -414,6 +416,61 @@ def test_a_stage_runs_off_the_main_thread_without_signal_handlers(tmp_path, alpa
     worker.start()
     worker.join()
     assert out["result"].finished and out["result"].steps == 4
+
+
+def _rows(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+
+
+def test_lr_drop_cuts_once_from_its_step_and_an_interrupted_run_makes_it_once(tmp_path, alpaca_file):
+    run = _stage_run(tmp_path, alpaca_file, lr_drop_at=2, save_every=100, save_minutes=None)
+    whole = run("whole")
+    rows = _rows(tmp_path / "whole")
+    assert [r["lr"] for r in rows if "train_loss" in r] == pytest.approx([1e-2, 1e-2, 1e-3, 1e-3])
+    assert [(r["step"], r["lr_drop"]) for r in rows if "lr_drop" in r] == [(2, {"from": 1e-2, "to": 1e-3})]
+    assert whole.lr == pytest.approx(1e-3)
+    assert lr_drops(tmp_path / "whole" / "log.jsonl") == [(2 * 2 * 32, 1e-2, 1e-3)]  # what curves.png marks
+    # Killed inside step 3, after the drop but before any save that holds it: the resumed run
+    # drops again from the saved step 2, and the log names the drop once.
+    with pytest.raises(KeyboardInterrupt):
+        run("split", _failing_after(2 + 2 * 2 + 2 + 1, _interrupt))
+    assert torch.load(tmp_path / "split" / "trainer.pt", weights_only=False)["lr_dropped_at"] is None
+    resumed = run("split")
+    split = _rows(tmp_path / "split")
+    assert [r["step"] for r in split if "lr_drop" in r] == [2]
+    assert [r["lr"] for r in split if "train_loss" in r] == pytest.approx([1e-2, 1e-2, 1e-3, 1e-3])
+    assert resumed.best_val == pytest.approx(whole.best_val, rel=1e-6)
+    assert plateau(tmp_path / "split" / "log.jsonl", last=1.0)["lr_drop_steps"] == [2]
+
+
+def test_a_resumed_run_must_repeat_its_lr_drop(tmp_path, alpaca_file):
+    def terminate():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # SIGTERM inside step 3: the drop at step 2 was made, and the saved state holds it.
+    run = _stage_run(tmp_path, alpaca_file, lr_drop_at=2, save_every=100, save_minutes=None)
+    assert not run("a", _failing_after(2 + 2 * 2 + 2 + 1, terminate)).finished
+    assert torch.load(tmp_path / "a" / "trainer.pt", weights_only=False)["lr_dropped_at"] == 2
+    for other in (None, 3):
+        with pytest.raises(
+            ValueError, match="cut its learning rate at step 2: resume it with --lr-transfer-drop-at 2"
+        ):
+            _stage_run(tmp_path, alpaca_file, lr_drop_at=other, save_every=100, save_minutes=None)("a")
+    assert run("a").finished and [r["step"] for r in _rows(tmp_path / "a") if "lr_drop" in r] == [2]
+    # A run that has passed a step without dropping cannot claim a drop there afterwards.
+    plain = _stage_run(tmp_path, alpaca_file, save_every=100, save_minutes=None)
+    assert not plain("b", _failing_after(2 + 2 * 2 + 2 + 1, terminate)).finished
+    with pytest.raises(ValueError, match="at step 2 already, past a drop at step 1"):
+        _stage_run(tmp_path, alpaca_file, lr_drop_at=1, save_every=100, save_minutes=None)("b")
+    late = _stage_run(tmp_path, alpaca_file, lr_drop_at=2, save_every=100, save_minutes=None)("b")
+    assert late.finished and late.lr == pytest.approx(1e-3)
+
+
+def test_an_lr_drop_past_the_last_step_is_refused(tmp_path, alpaca_file):
+    with pytest.raises(ValueError, match="ends at step 4, so a learning-rate drop at step 4"):
+        _stage_run(tmp_path, alpaca_file, lr_drop_at=4)("c")
+    with pytest.raises(ValueError, match="lr_drop_at must be a step above 0"):
+        StageConfig("transfer", lr=1e-2, tokens=64, lr_drop_at=0)
 
 
 def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):

@@ -92,6 +92,14 @@ def _stage_budgets(args: argparse.Namespace, spec: str) -> tuple[int, int]:
         )
     if single_stage and args.transfer_tokens is not None:
         raise ValueError(f"{spec} has no attention-transfer stage (one LoRA stage): drop --transfer-tokens")
+    if args.no_finetune and args.lr_finetune_drop_at is not None:
+        raise ValueError(
+            "--no-finetune skips stage 2, so --lr-finetune-drop-at would not be used: drop one of them"
+        )
+    if single_stage and args.lr_transfer_drop_at is not None:
+        raise ValueError(
+            f"{spec} has no attention-transfer stage (one LoRA stage): drop --lr-transfer-drop-at"
+        )
     if single_stage and args.no_finetune:
         raise ValueError(
             f"{spec} trains in its one LoRA stage only: --no-finetune would leave nothing to train"
@@ -138,6 +146,8 @@ def _train_config(args: argparse.Namespace, transfer: int, finetune: int):
         gradient_checkpointing=args.gradient_checkpointing,
         lr_transfer=args.lr_transfer,
         lr_finetune=args.lr_finetune,
+        lr_transfer_drop_at=args.lr_transfer_drop_at,
+        lr_finetune_drop_at=args.lr_finetune_drop_at,
         eval_every=args.eval_every,
         save_every=args.save_every,
         val_batches=args.val_batches,
@@ -287,6 +297,16 @@ def _add_optimiser_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="LoRA-stage learning rate (default: the method's recipe, 1e-4 for lolcats/linear, 1e-3 for liger)",
     )
+    for stage, what in (("transfer", "stage-1"), ("finetune", "LoRA-stage")):
+        g.add_argument(
+            f"--lr-{stage}-drop-at",
+            type=cli_args.integer(1, what=f"--lr-{stage}-drop-at"),
+            default=None,
+            metavar="STEP",
+            help=f"cut the {what} learning rate once, by the plateau schedule's factor (0.1), from this "
+            "optimiser step on: for a run whose validation still falls too slowly at a constant rate "
+            "for the schedule to fire; a resumed run must repeat it (default: the schedule alone)",
+        )
     g.add_argument("--lora-r", type=cli_args.integer(1, what="--lora-r"), default=8)
     g.add_argument(
         "--lora-alpha",

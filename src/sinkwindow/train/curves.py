@@ -13,7 +13,7 @@ import logging
 import math
 from pathlib import Path
 
-__all__ = ["read_log", "plot_curves", "CURVES_FILE"]
+__all__ = ["read_log", "lr_drops", "plot_curves", "CURVES_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,20 @@ def read_log(path: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int,
     return sorted(val.values()), sorted(train.values())
 
 
+def lr_drops(path: str | Path) -> list[tuple[int, float, float]]:
+    """``(tokens, lr before, lr after)`` of each learning-rate drop a stage logged (``lr_drop_at``)."""
+    drops = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        drop = row.get("lr_drop") if isinstance(row, dict) else None
+        if isinstance(drop, dict) and "tokens" in row:
+            drops[int(row["step"])] = (int(row["tokens"]), float(drop["from"]), float(drop["to"]))
+    return [drops[s] for s in sorted(drops)]
+
+
 def _smooth(ys: list[float], n: int = SMOOTH) -> list[float]:
     half = n // 2
     return [
@@ -75,16 +89,18 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path | No
         if log.is_file():
             val, train = read_log(log)
             if val:
-                stages.append((title, ylabel, val, train))
+                stages.append((title, ylabel, val, train, lr_drops(log)))
     if not stages:
         return None
     fig, axes = plt.subplots(1, len(stages), figsize=(6 * len(stages), 4), squeeze=False)
-    for ax, (title, ylabel, val, train) in zip(axes[0], stages):
+    for ax, (title, ylabel, val, train, drops) in zip(axes[0], stages):
         if train:
             tx, ty = zip(*train)
             ax.plot(tx, _smooth(list(ty)), color="0.7", lw=1, label=f"training (mean of {SMOOTH} steps)")
         vx, vy = zip(*val)
         ax.plot(vx, vy, "o-", ms=3, color="C0", label="validation")
+        for tokens, before, after in drops:
+            ax.axvline(tokens, color="C3", ls="--", lw=1, label=f"learning rate {before:.1g} -> {after:.1g}")
         best = min(range(len(vy)), key=vy.__getitem__)
         ax.annotate(
             f"best {vy[best]:.3g}",

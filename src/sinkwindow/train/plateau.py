@@ -15,7 +15,9 @@ validation of that window (the last two validations, when fewer fall in it) on t
   0.05), and ``undecided`` says so.
 
 Only validations on the final validation set count (``val_key``): a run that changed its set
-(``liger:256`` went from 4 to 20 chunks) is judged on the new one.
+(``liger:256`` went from 4 to 20 chunks) is judged on the new one. A learning-rate drop inside the
+window (``lr_drop_at``) is named in ``lr_drop_steps``; the fall it causes counts against "flat"
+like any other, so a drop cannot make a window look flat.
 """
 
 from __future__ import annotations
@@ -43,18 +45,33 @@ def _validations(path: Path) -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
+def _drop_steps(path: Path) -> list[int]:
+    """Steps at which the stage cut its learning rate (``lr_drop`` rows)."""
+    steps = set()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "lr_drop" in row and "step" in row:
+            steps.add(int(row["step"]))
+    return sorted(steps)
+
+
 def plateau(path: str | Path, last: float = 0.2) -> dict | None:
     """The last ``last`` share of a stage's steps, judged from its ``log.jsonl`` (module docstring).
 
     Returns:
         ``{"from_step", "to_step", "first", "final", "change", "relative", "slope_per_100",
-        "validations", "chunks", "mean_chunk_change", "p", "flat"}`` (with per-chunk losses also
-        ``"paired_from_step"`` and ``"min_p"``, and ``"undecided"`` when too few chunks moved), or
+        "validations", "chunks", "mean_chunk_change", "p", "flat", "lr_drop_steps"}`` (with
+        per-chunk losses also ``"paired_from_step"`` and ``"min_p"``, and ``"undecided"`` when too
+        few chunks moved), or
         ``None`` with fewer than two validations on the final validation set.
     """
     rows = _validations(Path(path))
     if not rows:
         return None
+    drops = _drop_steps(Path(path))
     key = rows[-1].get("val_key")
     rows = [r for r in rows if r.get("val_key") == key]
     end = int(rows[-1]["step"])
@@ -82,6 +99,7 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
         "mean_chunk_change": None,
         "p": None,
         "flat": None,
+        "lr_drop_steps": [s for s in drops if first["step"] <= s < end],
     }
     # The paired test starts at the window's first validation that logged per-chunk losses: a run
     # resumed under a newer trainer logs them only from then on (liger:256 from step 368).

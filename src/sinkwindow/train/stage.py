@@ -65,6 +65,11 @@ class StageConfig:
         val_batches: validation micro-batches per evaluation.
         max_grad_norm: gradient clipping.
         patience, lr_factor, min_lr: ``ReduceLROnPlateau``.
+        lr_drop_at: from this optimiser step on, the learning rate is multiplied by ``lr_factor``
+            once (not below ``min_lr``): the cut the plateau schedule makes when validation stalls,
+            at a step of one's choosing, for a run whose validation keeps falling too slowly at a
+            constant rate for that schedule to fire and for the plateau test to ever call it flat
+            (``liger:256`` on a CPU budget). ``None``: the plateau schedule alone.
         max_minutes: stop (resumably) after this many minutes in this session.
     """
 
@@ -82,14 +87,26 @@ class StageConfig:
     patience: int = 10
     lr_factor: float = 0.1
     min_lr: float = 1e-5
+    lr_drop_at: int | None = None
     max_minutes: float | None = None
 
     def __post_init__(self) -> None:
         if self.tokens <= 0 or self.grad_accum <= 0 or self.batch_size <= 0:
             raise ValueError("tokens, grad_accum and batch_size must be positive")
+        if self.lr_drop_at is not None and self.lr_drop_at <= 0:
+            raise ValueError(f"lr_drop_at must be a step above 0, not {self.lr_drop_at}")
 
     def steps(self, seq_len: int) -> int:
         return max(1, self.tokens // (self.batch_size * self.grad_accum * seq_len))
+
+    def check_lr_drop(self, seq_len: int) -> None:
+        """Refuse an ``lr_drop_at`` at or past the stage's last step: it would never happen."""
+        if self.lr_drop_at is not None and self.lr_drop_at >= (total := self.steps(seq_len)):
+            raise ValueError(
+                f"the {self.stage} stage ends at step {total}, so a learning-rate drop at step "
+                f"{self.lr_drop_at} (--lr-{self.stage}-drop-at) would never happen: give an earlier "
+                f"step or more tokens"
+            )
 
 
 @dataclass
@@ -162,11 +179,12 @@ def _log(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _trim_log(path: Path, step: int) -> int:
+def _trim_log(path: Path, step: int, lr_dropped: bool = True) -> int:
     """Drop the rows ``path`` logged after ``step`` (the saved step a run resumes from); returns how many.
 
     A run killed between saves has logged steps it will now train again; kept, they would appear
-    twice in the loss curve. A torn last line (killed mid-write) goes too.
+    twice in the loss curve. A torn last line (killed mid-write) goes too, and so does a learning-rate
+    drop the saved state has not made yet (``lr_dropped`` False): the resumed run makes it again.
     """
     if not path.exists():
         return 0
@@ -177,7 +195,7 @@ def _trim_log(path: Path, step: int) -> int:
         except json.JSONDecodeError:
             dropped += 1
             continue
-        if row.get("step", 0) <= step:
+        if row.get("step", 0) <= step and (lr_dropped or "lr_drop" not in row):
             kept.append(line)
         else:
             dropped += 1
@@ -300,7 +318,11 @@ class _StageRun:
         self.sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
             self.opt, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
         )
+        cfg.check_lr_drop(data.train_ids.shape[1])
         self.step, self.wall_prev, self.best_val, self.best_step = 0, 0.0, math.inf, None
+        # The step the learning rate was cut at (cfg.lr_drop_at), once it was: a resumed run must
+        # ask for the same cut, or its folder would mix two schedules.
+        self.lr_dropped_at: int | None = None
         self.first_val: float | None = None
         self.train_loss: float | None = None
         self.val_key, self.val_changed = _val_key(data, cfg.val_batches, cfg.batch_size), False
@@ -336,7 +358,9 @@ class _StageRun:
         self.opt.load_state_dict(st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
         self.step, self.wall_prev = st["step"], st["wall_s"]
-        if dropped := _trim_log(out / "log.jsonl", self.step):
+        self.lr_dropped_at = st.get("lr_dropped_at")
+        self._check_lr_drop()
+        if dropped := _trim_log(out / "log.jsonl", self.step, self.lr_dropped_at is not None):
             logger.info("dropped %d log rows written after the saved step %d", dropped, self.step)
         self.best_val, self.best_step = st["best_val"], st["best_step"]
         self.first_val, self.train_loss = st["first_val"], st["train_loss"]
@@ -353,6 +377,38 @@ class _StageRun:
                 cfg.stage,
                 self.step,
             )
+
+    def _check_lr_drop(self) -> None:
+        """Refuse a resume whose ``lr_drop_at`` disagrees with what the saved run did or can still do."""
+        at, done = self.cfg.lr_drop_at, self.lr_dropped_at
+        flag = f"--lr-{self.cfg.stage}-drop-at"
+        if done is not None and at != done:
+            raise ValueError(
+                f"this {self.cfg.stage} stage cut its learning rate at step {done}: resume it with "
+                f"{flag} {done}, or start a new run folder"
+            )
+        if done is None and at is not None and at < self.step:
+            raise ValueError(
+                f"this {self.cfg.stage} stage is at step {self.step} already, past a drop at step {at}: "
+                f"give {flag} {self.step} or later"
+            )
+
+    def _drop_lr_if_due(self) -> None:
+        """Cut the learning rate once, before the first optimiser step past ``cfg.lr_drop_at``."""
+        cfg = self.cfg
+        if cfg.lr_drop_at is None or self.lr_dropped_at is not None or self.step < cfg.lr_drop_at:
+            return
+        before = self.opt.param_groups[0]["lr"]
+        for group in self.opt.param_groups:
+            group["lr"] = max(group["lr"] * cfg.lr_factor, cfg.min_lr)
+        self.lr_dropped_at = self.step
+        after = self.opt.param_groups[0]["lr"]
+        tokens = self.step * self.tokens_per_step
+        _log(
+            self.out / "log.jsonl",
+            {"step": self.step, "tokens": tokens, "lr_drop": {"from": before, "to": after}},
+        )
+        NOTICES.info(f"{cfg.stage}: learning rate {before:.3g} -> {after:.3g} from step {self.step} on")
 
     def start_clock(self) -> None:
         self.t0 = self.last_save = time.perf_counter()
@@ -376,6 +432,7 @@ class _StageRun:
             "train_loss": self.train_loss,
             "rng": torch.get_rng_state(),
             "val_key": self.val_key,
+            "lr_dropped_at": self.lr_dropped_at,
         }
         tmp = self.state_path.with_suffix(".tmp")
         torch.save(state, tmp)
@@ -472,6 +529,7 @@ class _StageRun:
                 if cfg.max_minutes is not None and time.perf_counter() - session_start > 60 * cfg.max_minutes:
                     finished = False
                     break
+                self._drop_lr_if_due()
                 ts = time.perf_counter()
                 loss = self.optimiser_step(stop)
                 if loss is None:
@@ -481,7 +539,8 @@ class _StageRun:
                 _log(
                     self.out / "log.jsonl",
                     {"step": self.step, "tokens": self.step * self.tokens_per_step, "train_loss": loss,
-                     "tok_s": round(tok_s, 1), "wall_s": round(self.wall(), 1)},
+                     "lr": self.opt.param_groups[0]["lr"], "tok_s": round(tok_s, 1),
+                     "wall_s": round(self.wall(), 1)},
                 )  # fmt: skip
                 evaluated = self.step % cfg.eval_every == 0 or self.step == self.steps_total
                 if evaluated:

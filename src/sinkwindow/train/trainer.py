@@ -120,6 +120,9 @@ class TrainConfig:
             LoRA) that a fresh run starts from instead of the initialisation, e.g. the paper
             recipe's attention transfer continued on longer sequences. Ignored once the run has
             saved state of its own (a resume continues from that).
+        lr_transfer_drop_at, lr_finetune_drop_at: the stage's optimiser step from which its
+            learning rate is cut once by the plateau schedule's factor (``StageConfig.lr_drop_at``);
+            ``None`` leaves the schedule to the plateau rule alone, as the recipes do.
         max_minutes: stop resumably after this long (over both stages).
         resume: continue a run found in the folder; ``False`` starts over.
         model_name: what checkpoints record as the model (a registry name, not a machine path).
@@ -136,6 +139,8 @@ class TrainConfig:
     batch_size: int = 1
     lr_transfer: float = 1e-2
     lr_finetune: float | None = None
+    lr_transfer_drop_at: int | None = None
+    lr_finetune_drop_at: int | None = None
     eval_every: int = 100
     save_every: int = 10
     val_batches: int = 8
@@ -209,6 +214,8 @@ def train_baseline(
             },
             "lr_transfer": cfg.lr_transfer,
             "lr_finetune": cfg.lr_finetune,
+            "lr_transfer_drop_at": cfg.lr_transfer_drop_at,
+            "lr_finetune_drop_at": cfg.lr_finetune_drop_at,
             "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)},
             "stages": list(recipe.stages),
             "convert_options": cfg.convert_options,
@@ -262,6 +269,8 @@ def _resolved(spec: str, cfg: TrainConfig) -> TrainConfig:
         convert_options=_convert_options(spec, cfg.convert_options),
     )
     if "transfer" not in recipe.stages:
+        if cfg.lr_transfer_drop_at is not None:
+            raise ValueError(f"{spec} has no attention-transfer stage: drop lr_transfer_drop_at")
         if cfg.finetune_tokens <= 0:
             raise ValueError(f"{spec} trains only LoRA (no attention transfer): give finetune_tokens > 0")
         if cfg.transfer_tokens:
@@ -269,15 +278,22 @@ def _resolved(spec: str, cfg: TrainConfig) -> TrainConfig:
                 "%s has no attention-transfer stage; ignoring transfer_tokens=%d", spec, cfg.transfer_tokens
             )
         cfg = replace(cfg, transfer_tokens=0)
+    for stage, lr, tokens, at in (
+        ("transfer", cfg.lr_transfer, cfg.transfer_tokens, cfg.lr_transfer_drop_at),
+        ("finetune", cfg.lr_finetune, cfg.finetune_tokens, cfg.lr_finetune_drop_at),
+    ):
+        # Before the model is converted or a folder written; run_stage checks it again on the data.
+        if at is not None and tokens > 0:
+            _stage_config(stage, lr, tokens, cfg, None, at).check_lr_drop(cfg.seq_len)
     return cfg
 
 
 def _stage_config(
-    stage: str, lr: float, tokens: int, cfg: TrainConfig, max_minutes: float | None
+    stage: str, lr: float, tokens: int, cfg: TrainConfig, max_minutes: float | None, lr_drop_at: int | None
 ) -> StageConfig:
     return StageConfig(
         stage, lr=lr, tokens=tokens, grad_accum=cfg.grad_accum, batch_size=cfg.batch_size, eval_every=cfg.eval_every,
-        save_every=cfg.save_every, val_batches=cfg.val_batches, max_minutes=max_minutes,
+        save_every=cfg.save_every, val_batches=cfg.val_batches, max_minutes=max_minutes, lr_drop_at=lr_drop_at,
     )  # fmt: skip
 
 
@@ -289,7 +305,9 @@ def _transfer_stage(
     from .transfer import prepare_transfer, transfer_step
 
     params = prepare_transfer(model)
-    s1 = _stage_config("transfer", cfg.lr_transfer, cfg.transfer_tokens, cfg, max_minutes)
+    s1 = _stage_config(
+        "transfer", cfg.lr_transfer, cfg.transfer_tokens, cfg, max_minutes, cfg.lr_transfer_drop_at
+    )
 
     def step1(m, x, y, scale=1.0, backward=True):
         return transfer_step(m, x, y, scale=scale, backward=backward, layer_group=cfg.layer_group)
@@ -312,7 +330,9 @@ def _finetune_stage(
     for p in model.parameters():
         p.requires_grad_(False)
     add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, targets=cfg.lora_targets)
-    s2 = _stage_config("finetune", cfg.lr_finetune, cfg.finetune_tokens, cfg, max_minutes)
+    s2 = _stage_config(
+        "finetune", cfg.lr_finetune, cfg.finetune_tokens, cfg, max_minutes, cfg.lr_finetune_drop_at
+    )
     params = lora_parameters(model)
     if cfg.gradient_checkpointing:
         # Non-reentrant: the frozen base gives the checkpointed inputs no grad, which the reentrant form needs.

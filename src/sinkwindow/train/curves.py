@@ -13,6 +13,8 @@ import logging
 import math
 from pathlib import Path
 
+from ..jsonl import read_jsonl
+
 __all__ = ["read_log", "lr_drops", "plot_curves", "CURVES_FILE"]
 
 logger = logging.getLogger(__name__)
@@ -50,12 +52,8 @@ def read_log(path: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int,
 def lr_drops(path: str | Path) -> list[tuple[int, float, float]]:
     """``(tokens, lr before, lr after)`` of each learning-rate drop a stage logged (``lr_drop_at``)."""
     drops = {}
-    for line in Path(path).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        drop = row.get("lr_drop") if isinstance(row, dict) else None
+    for row in read_jsonl(path)[0]:
+        drop = row.get("lr_drop")
         if isinstance(drop, dict) and "tokens" in row:
             drops[int(row["step"])] = (int(row["tokens"]), float(drop["from"]), float(drop["to"]))
     return [drops[s] for s in sorted(drops)]

@@ -22,40 +22,24 @@ like any other, so a drop cannot make a window look flat.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from ..jsonl import read_jsonl
 
 __all__ = ["ALPHA", "min_pairs", "plateau"]
 
 ALPHA = 0.05
 
 
-def _validations(path: Path) -> list[dict]:
-    """Validation rows, the last one per step, in step order (torn lines skipped)."""
+def _validations(log: list[dict]) -> list[dict]:
+    """Validation rows of a stage's log, the last one per step, in step order."""
     rows: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        val = row.get("val_loss") if isinstance(row, dict) else None
+    for row in log:
+        val = row.get("val_loss")
         if isinstance(val, int | float) and math.isfinite(val) and "step" in row:
             rows[int(row["step"])] = row
     return [rows[s] for s in sorted(rows)]
-
-
-def _drop_steps(path: Path) -> list[int]:
-    """Steps at which the stage cut its learning rate (``lr_drop`` rows)."""
-    steps = set()
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "lr_drop" in row and "step" in row:
-            steps.add(int(row["step"]))
-    return sorted(steps)
 
 
 def plateau(path: str | Path, last: float = 0.2) -> dict | None:
@@ -65,13 +49,13 @@ def plateau(path: str | Path, last: float = 0.2) -> dict | None:
         ``{"from_step", "to_step", "first", "final", "change", "relative", "slope_per_100",
         "validations", "chunks", "mean_chunk_change", "p", "flat", "lr_drop_steps"}`` (with
         per-chunk losses also ``"paired_from_step"`` and ``"min_p"``, and ``"undecided"`` when too
-        few chunks moved), or
-        ``None`` with fewer than two validations on the final validation set.
+        few chunks moved), or ``None`` with fewer than two validations on the final validation set.
     """
-    rows = _validations(Path(path))
+    log, _ = read_jsonl(path)  # a torn last line (a kill mid-write) is skipped with a warning
+    rows = _validations(log)
     if not rows:
         return None
-    drops = _drop_steps(Path(path))
+    drops = sorted({int(r["step"]) for r in log if "lr_drop" in r and "step" in r})
     key = rows[-1].get("val_key")
     rows = [r for r in rows if r.get("val_key") == key]
     end = int(rows[-1]["step"])

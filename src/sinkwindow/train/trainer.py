@@ -197,31 +197,7 @@ def train_baseline(
         )
         device = next(model.parameters()).device.type
         start_session(out, device=device, spec=str(spec), threads=torch.get_num_threads())
-        record = {
-            "spec": str(spec),
-            "model": cfg.model_name,
-            "data": packed.info,
-            **{
-                k: getattr(cfg, k)
-                for k in (
-                    "transfer_tokens",
-                    "finetune_tokens",
-                    "seq_len",
-                    "grad_accum",
-                    "batch_size",
-                    "gradient_checkpointing",
-                )
-            },
-            "lr_transfer": cfg.lr_transfer,
-            "lr_finetune": cfg.lr_finetune,
-            "lr_transfer_drop_at": cfg.lr_transfer_drop_at,
-            "lr_finetune_drop_at": cfg.lr_finetune_drop_at,
-            "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)},
-            "stages": list(recipe.stages),
-            "convert_options": cfg.convert_options,
-            "threads": torch.get_num_threads(),
-            "device": device,
-        }
+        record = _run_record(spec, cfg, packed.info, list(recipe.stages), device)
         if not is_converted(model):
             convert(model, spec, **cfg.convert_options)
         if cfg.start_from is not None:
@@ -253,6 +229,35 @@ def train_baseline(
             summary["checkpoint"] = str(ckpt)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def _run_record(spec: str, cfg: TrainConfig, data: dict, stages: list[str], device: str) -> dict:
+    """What ``config.json`` records about a run: everything that produced its checkpoint."""
+    return {
+        "spec": str(spec),
+        "model": cfg.model_name,
+        "data": data,
+        **{
+            k: getattr(cfg, k)
+            for k in (
+                "transfer_tokens",
+                "finetune_tokens",
+                "seq_len",
+                "grad_accum",
+                "batch_size",
+                "gradient_checkpointing",
+                "lr_transfer",
+                "lr_finetune",
+                "lr_transfer_drop_at",
+                "lr_finetune_drop_at",
+            )
+        },
+        "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)},
+        "stages": stages,
+        "convert_options": cfg.convert_options,
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
 
 
 def _resolved(spec: str, cfg: TrainConfig) -> TrainConfig:

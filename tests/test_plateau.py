@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sinkwindow.train.plateau import ALPHA, min_pairs, plateau
+from sinkwindow.train.plateau import ALPHA, TOLERANCE, describe, min_pairs, plateau
 
 
 def _write(tmp_path, rows):
@@ -83,3 +83,54 @@ def test_the_paired_test_starts_at_the_first_validation_with_per_chunk_losses(tm
     got = plateau(_write(tmp_path, rows))
     assert got["from_step"] == 80 and got["first"] == 2.5  # the window's change still spans it
     assert got["paired_from_step"] == 90 and got["chunks"] == 8 and got["flat"] is False
+
+
+def test_settled_is_equivalence_within_the_tolerance_both_ways(tmp_path):
+    a = [2.0 + 0.1 * i for i in range(20)]  # mean 2.95: the 0.5% tolerance is 0.01475 nats
+
+    def judged(after):
+        return plateau(_write(tmp_path, [_val(80, a), _val(100, after)]))
+
+    # A fall every chunk shares: real (not flat), but smaller than the tolerance on every chunk.
+    small = judged([x - 0.01 for x in a])
+    assert small["tolerance"] == TOLERANCE == 0.005
+    assert small["flat"] is False and small["settled"] is True
+    assert small["p_settled"] == pytest.approx(1 / 2**20)  # one-sided exact, every shifted chunk agrees
+    # The same shared change beyond the tolerance, down or up, is not settled.
+    for shift in (-0.02, +0.02):
+        moved = judged([x + shift for x in a])
+        assert moved["settled"] is False and moved["p_settled"] == pytest.approx(1.0)
+    # Chunks that scatter by ±0.1-0.3 with no common drift: flat, yet too noisy to show that the
+    # loss moved by less than 0.015, so not settled. The two verdicts answer different questions.
+    scattered = judged([x + (0.1 if i % 2 else -0.1) * (1 + i % 3) for i, x in enumerate(a)])
+    assert scattered["flat"] is True and scattered["settled"] is False
+    # A looser tolerance settles it.
+    loose = plateau(_write(tmp_path, [_val(80, a), _val(100, [x - 0.02 for x in a])]), tolerance=0.01)
+    assert loose["settled"] is True
+
+
+def test_too_few_chunks_to_settle_give_no_verdict(tmp_path):
+    # One-sided, the exact test's smallest p on n chunks is 1 / 2**n: 4 chunks cannot reach 0.05.
+    a = [2.0, 2.1, 1.9, 2.2]
+    got = plateau(_write(tmp_path, [_val(80, a), _val(100, a)]))
+    assert got["settled"] is None and got["p_settled"] is None
+    five = plateau(_write(tmp_path, [_val(80, a + [2.05]), _val(100, a + [2.05])]))
+    assert five["settled"] is True and five["p_settled"] == pytest.approx(1 / 2**5)
+    # Logs without per-chunk losses have no paired test of either kind.
+    old_style = [{"step": s, "tokens": s, "val_loss": 2.0} for s in (80, 100)]
+    assert plateau(_write(tmp_path, old_style))["settled"] is None
+
+
+def test_describe_names_the_verdict_a_window_passed(tmp_path):
+    a = [2.0 + 0.1 * i for i in range(20)]
+
+    def line(after):
+        return describe(plateau(_write(tmp_path, [_val(80, a), _val(100, after)])))
+
+    assert line([x - 0.01 for x in a]).endswith(
+        "(-0.34%): settled: moved by less than ±0.5% (p = 9.54e-07); no-change p = 1.91e-06 over 20 chunks"
+    )
+    assert ": still moving; no-change p = 1.91e-06" in line([x - 0.05 for x in a])
+    assert line(a).startswith("steps 80-100: validation 2.95 -> 2.95 (+0.00%): flat; no-change p = 1")
+    old_style = [{"step": s, "tokens": s, "val_loss": 2.0} for s in (80, 100)]
+    assert describe(plateau(_write(tmp_path, old_style))).endswith(": no per-chunk losses to test")

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from .. import cli_args, resolve
+from .plateau import describe
 
 __all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]
 
@@ -177,13 +178,7 @@ def _say_how_it_ended(summary: dict, args: argparse.Namespace, spec: str, out: s
     for stage, result in summary["stages"].items():
         judged = result.get("plateau")
         if judged:
-            verdict = (
-                judged.get("undecided")
-                or {True: "flat", False: "still moving", None: "no per-chunk losses to test"}[judged["flat"]]
-            )
-            p = "" if judged["p"] is None else f", p = {judged['p']:.3g} over {judged['chunks']} chunks"
-            print(f"{stage}, steps {judged['from_step']}-{judged['to_step']}: validation {judged['first']:.4g} -> "
-                  f"{judged['final']:.4g} ({100 * judged['relative']:+.2f}%): {verdict}{p}")  # fmt: skip
+            print(f"{stage}, {describe(judged)}")
     if summary["finished"]:
         print(f"trained {spec}: checkpoint {summary['checkpoint']}")
         print(

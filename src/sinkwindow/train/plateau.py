@@ -41,7 +41,8 @@ from ..jsonl import read_jsonl
 __all__ = ["ALPHA", "TOLERANCE", "describe", "min_pairs", "plateau"]
 
 ALPHA = 0.05
-# Fixed on 2026-12-07, before liger:256's judged window (steps 1,106-1,383) existed; see the docstring.
+# Fixed on 2026-12-07 at liger:256's step 1,206, a third of the way into the window it is judged
+# on when it stops at two epochs (validations 1,112-1,383); see the docstring.
 TOLERANCE = 0.005
 
 

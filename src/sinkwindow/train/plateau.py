@@ -113,14 +113,12 @@ def plateau(path: str | Path, last: float = 0.2, tolerance: float = TOLERANCE) -
     if start is not None:
         a = start["val_losses"]
         out["paired_from_step"] = int(start["step"])
-        from scipy.stats import wilcoxon
-
         diffs = [y - x for x, y in zip(a, b)]
         out["chunks"] = len(diffs)
         out["mean_chunk_change"] = sum(diffs) / len(diffs)
         moved = sum(1 for d in diffs if d != 0)
         if moved:
-            out["p"] = float(wilcoxon(diffs, method="exact" if len(diffs) <= 50 else "auto").pvalue)
+            out["p"] = _signed_rank(diffs)
         else:
             out["p"] = 1.0
         # The smallest two-sided p the exact test can give on ``moved`` differences is 2 / 2**moved
@@ -143,15 +141,21 @@ def _settled(diffs: list[float], margin: float) -> dict:
     """Equivalence of paired differences to zero within ``±margin`` (nats): two one-sided exact
     signed-rank tests, shifted by the margin (TOST). On n chunks the smallest one-sided p is
     1 / 2**n, so below ``min_pairs(2 * ALPHA)`` (5) chunks there is no verdict."""
-    from scipy.stats import wilcoxon
-
     if len(diffs) < min_pairs(2 * ALPHA):
         return {"p_settled": None, "settled": None}
-    method = "exact" if len(diffs) <= 50 else "auto"
-    above = wilcoxon([d + margin for d in diffs], alternative="greater", method=method).pvalue
-    below = wilcoxon([d - margin for d in diffs], alternative="less", method=method).pvalue
-    p = float(max(above, below))
+    above = _signed_rank([d + margin for d in diffs], "greater")
+    below = _signed_rank([d - margin for d in diffs], "less")
+    p = max(above, below)
     return {"p_settled": p, "settled": p < ALPHA}
+
+
+def _signed_rank(diffs: list[float], alternative: str = "two-sided") -> float:
+    """p of the Wilcoxon signed-rank test on paired differences: exact up to 50 pairs (the
+    normal approximation past that is scipy's own choice)."""
+    from scipy.stats import wilcoxon
+
+    method = "exact" if len(diffs) <= 50 else "auto"
+    return float(wilcoxon(diffs, alternative=alternative, method=method).pvalue)
 
 
 def min_pairs(alpha: float = ALPHA) -> int:

@@ -1,4 +1,4 @@
-"""Why ``liger:256``'s perplexity climbs with context: the GLA state's size against position, in one run.
+"""``liger:256``'s GLA state size against position, beside each chunk's perplexity, in one run.
 
     python benchmarks/liger_state_growth.py --context 4096 --chunk 512 --windows 1 --threads 2 \\
         --out benchmarks/out/liger_state_growth.json
@@ -23,6 +23,7 @@ import torch
 
 import sinkwindow
 from sinkwindow.eval.perplexity import essay_token_windows, token_nll
+from sinkwindow.linear.adapters import file_sha256, shipped_adapter
 
 
 def _state_norms(cache) -> list[float]:
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("error: --context, --chunk, --windows and --threads must be >= 1")
     torch.set_num_threads(args.threads)
     model, tok = sinkwindow.load(args.model, method=args.method)
+    adapter = shipped_adapter(args.model, args.method)
     windows = essay_token_windows(tok, args.context, args.windows)
     results = []
     with torch.no_grad():
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         "windows": len(results),
         "threads": args.threads,
         "torch": torch.__version__,
+        # which trained weights produced the numbers: a retrained adapter ships under the same name
+        "adapter": None if adapter is None else {"file": adapter.name, "sha256": file_sha256(adapter)},
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

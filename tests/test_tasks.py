@@ -12,12 +12,16 @@ from sinkwindow.eval.tasks import TASKS, get_task
 
 def test_registry_names_every_task_once_with_its_group_and_report_column():
     assert ("ppl", "niah_single_1", "niah_single_2", "niah_single_3",
-                               *(f"babilong_qa{i}" for i in range(1, 6))) == tasks.ALL_TASKS  # fmt: skip
-    assert tasks.GROUPS == {"ppl": ("ppl",), "niah": tasks.NIAH_TASKS, "babilong": tasks.BABILONG_TASKS}
+                               *(f"babilong_qa{i}" for i in range(1, 6)), "lcc") == tasks.ALL_TASKS  # fmt: skip
+    assert tasks.GROUPS == {"ppl": ("ppl",), "niah": tasks.NIAH_TASKS, "babilong": tasks.BABILONG_TASKS,
+                            "code": ("lcc",)}  # fmt: skip
+    # A run that names no tasks runs the paper's; lcc only when asked for.
+    assert tasks.ALL_TASKS[:-1] == tasks.DEFAULT_TASKS
+    assert EvalConfig(model="m").tasks == list(tasks.DEFAULT_TASKS)
     assert all(name == t.name for name, t in TASKS.items())
     # QA1-5 share one report column; every other task is its own.
     assert {t.family for t in TASKS.values() if t.group == "babilong"} == {"babilong"}
-    assert tasks.HEADLINE_FAMILIES == ("niah_single_1", "niah_single_2", "niah_single_3", "babilong")
+    assert tasks.HEADLINE_FAMILIES == ("niah_single_1", "niah_single_2", "niah_single_3", "babilong", "lcc")
     with pytest.raises(ValueError, match="unknown task 'niah_single_4'; choose from ppl, niah_single_1"):
         get_task("niah_single_4")
 
@@ -26,7 +30,7 @@ def test_importing_the_registry_imports_neither_torch_nor_a_generator():
     # Flag parsing reads names and limits from it; --help must stay fast.
     code = (
         "import sys, sinkwindow.eval.tasks; "
-        "print(sorted(m for m in ('torch', 'numpy', 'sinkwindow.eval.niah', 'sinkwindow.eval.babilong') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'numpy', 'sinkwindow.eval.niah', 'sinkwindow.eval.babilong', 'sinkwindow.eval.code') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -10,11 +10,17 @@ from pathlib import Path
 
 from .. import cli_args, resolve
 from .tasks import (
+    ALL_TASKS,
     BABILONG_MIN_LENGTH,
     BABILONG_PROMPT_RESERVE,
+    DEFAULT_TASKS,
+    GROUPS,
+    LCC_ANSWER_TOKENS,
+    LCC_MIN_LENGTH,
     NIAH_ANSWER_TOKENS,
     NIAH_MIN_LENGTH,
     PPL_MIN_LENGTH,
+    TASKS,
     group_tasks,
 )
 
@@ -95,6 +101,18 @@ def _task_list(family: str):
 
     parse.__name__ = "task list"
     return parse
+
+
+def _compare_tasks(text: str) -> list[str]:
+    """``compare --tasks``: task names and groups (``niah``, ``babilong``, ``ppl``, ``code``), commas between."""
+    names = [t.strip() for t in str(text).split(",")]
+    unknown = [t for t in names if t not in GROUPS and t not in ALL_TASKS]
+    if not all(names) or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown task(s) {', '.join(unknown) or repr(text)}; give tasks or groups separated by single "
+            f"commas, from {', '.join(dict.fromkeys([*GROUPS, *ALL_TASKS]))}"
+        )
+    return list(dict.fromkeys(t for name in names for t in GROUPS.get(name, (name,))))
 
 
 def _add_common(
@@ -307,10 +325,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     print(
         f"sinkwindow compare ({size}): model {cfg.model}; methods {', '.join(cfg.methods)}\n"
-        f"  perplexity: {cfg.ppl_windows} essay window(s) at {cfg.ppl_lengths} tokens\n"
-        f"  S-NIAH-1/2/3: {cfg.samples} samples x lengths {cfg.lengths}\n"
-        f"  BABILong QA1-5: {cfg.samples} samples x lengths {cfg.babilong_lengths}\n"
-        f"  {plan_size(cfg)} samples in all; results -> {out / 'results.jsonl'} (re-run to resume)",
+        + "".join(f"  {line}\n" for line in _compare_lines(cfg))
+        + f"  {plan_size(cfg)} samples in all; results -> {out / 'results.jsonl'} (re-run to resume)",
         file=sys.stderr,
     )
     model_tok = _compare_model(args, cfg)
@@ -339,6 +355,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare_lines(cfg) -> list[str]:
+    """What each task group of a compare run measures, one line each, in the run's task order."""
+    groups = list(dict.fromkeys(TASKS[t].group for t in cfg.tasks))
+    said = {
+        "ppl": f"perplexity: {cfg.ppl_windows} essay window(s) at {cfg.ppl_lengths} tokens",
+        "niah": f"S-NIAH: {', '.join(t for t in cfg.tasks if TASKS[t].group == 'niah')}: "
+        f"{cfg.samples} samples x lengths {cfg.lengths}",
+        "babilong": f"BABILong: {', '.join(t for t in cfg.tasks if TASKS[t].group == 'babilong')}: "
+        f"{cfg.samples} samples x lengths {cfg.babilong_lengths}",
+    }
+    return [
+        said.get(g, f"{', '.join(t for t in cfg.tasks if TASKS[t].group == g)}: {cfg.samples} samples x "
+                 f"lengths {TASKS[next(t for t in cfg.tasks if TASKS[t].group == g)].lengths(cfg)}")
+        for g in groups
+    ]  # fmt: skip
+
+
 def _compare_config(args: argparse.Namespace, size: str):
     """The long-context part of ``compare`` as an ``EvalConfig``: the size's counts, the methods
     (the default list, or what ``--methods`` gives, with their checkpoints) and the run flags."""
@@ -358,6 +391,7 @@ def _compare_config(args: argparse.Namespace, size: str):
     return EvalConfig(
         model=args.model,
         methods=methods,
+        tasks=list(args.tasks or DEFAULT_TASKS),
         seed=args.seed,
         niah_depths=args.depths,
         chunk_size=args.chunk_size,
@@ -479,7 +513,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | lm-eval")
+    p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | code | lm-eval")
     fam = p.add_subparsers(dest="family", metavar="FAMILY")
     k = cli_args.SIZE_HELP
     families = (
@@ -512,6 +546,15 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
             ),
             f"window lengths, each >= {PPL_MIN_LENGTH} tokens; {k} (default: %(default)s)",
         ),
+        (
+            "code",
+            "LCC: next-line completion on the Python stdlib (LongBench edit similarity)",
+            "1k,2k,4k",
+            cli_args.size_list(
+                LCC_MIN_LENGTH, why=f"the {LCC_ANSWER_TOKENS}-token answer budget, the template and some code"
+            ),
+            f"token budgets, prompt + answer, each >= {LCC_MIN_LENGTH}; {k} (default: %(default)s)",
+        ),
     )
     for family, helptext, lengths, lengths_type, lengths_help in families:
         q = fam.add_parser(family, help=helptext)
@@ -523,7 +566,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
             help={
                 "niah": "subset, e.g. niah_single_3 or niah_single_1,niah_single_2",
                 "babilong": "subset, e.g. babilong_qa1 or babilong_qa1,babilong_qa2",
-            }.get(family, "ppl, the only task of this family"),
+            }.get(family, f"{group_tasks(family)[0]}, the only task of this family"),
         )
         q.add_argument("--lengths", type=lengths_type, default=lengths, help=lengths_help)
         q.add_argument(
@@ -575,6 +618,14 @@ def _register_compare(sub: argparse._SubParsersAction) -> None:
         type=cli_args.integer(1, what="--samples"),
         default=None,
         help="samples per task and length, instead of the size's",
+    )
+    p.add_argument(
+        "--tasks",
+        type=_compare_tasks,
+        default=None,
+        help="tasks or groups to run, e.g. niah_single_3,babilong or lcc (default: "
+        + ",".join(DEFAULT_TASKS)
+        + "; lcc runs only when named)",
     )
     p.add_argument(
         "--short-data",

@@ -46,7 +46,7 @@ from .scheduler import (
     SerialScheduler,
     make_scheduler,
 )
-from .tasks import ALL_TASKS, TASKS, deviations
+from .tasks import ALL_TASKS, DEFAULT_TASKS, TASKS, deviations
 
 __all__ = [
     "EvalConfig",
@@ -71,7 +71,8 @@ class EvalConfig:
     """Everything that defines a run (written to ``config.json``).
 
     Attributes:
-        lengths: token budgets for NIAH and BABILong (BABILong ``0`` means 0K: facts only).
+        tasks: the tasks to run (default: ``tasks.DEFAULT_TASKS``, the paper's; ``lcc`` runs when named).
+        lengths: token budgets for NIAH, BABILong and LCC (BABILong ``0`` means 0K: facts only).
         ppl_lengths: window lengths for perplexity.
         samples: samples per (task, length); ``ppl_windows`` essay windows per perplexity length.
         niah_max_new_tokens: decoding cap for NIAH. RULER decodes up to 128 tokens (and the haystack
@@ -116,7 +117,7 @@ class EvalConfig:
 
     model: str = "smollm2-135m"
     methods: list[str] = field(default_factory=lambda: ["full", "swa:64:4", "swa:64:0", "swa:256:4"])
-    tasks: list[str] = field(default_factory=lambda: list(ALL_TASKS))
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
     babilong_lengths: list[int] | None = None
     ppl_lengths: list[int] = field(default_factory=lambda: [2048])

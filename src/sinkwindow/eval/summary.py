@@ -353,9 +353,9 @@ def _accuracy(samples: _Samples, tasks, methods, lengths, boot: dict) -> tuple[d
             cells = samples.cells(tasks, m, [L])
             if not cells:
                 continue
-            if len(cells) == 1 and all(0.0 <= v <= 1.0 for v in cells[0]):
+            if len(cells) == 1 and all(v in (0.0, 1.0) for v in cells[0]):
                 iv, ci = wilson_interval(sum(cells[0]), len(cells[0])), "wilson"
-            else:  # BABILong's five tasks at one length
+            else:  # BABILong's five tasks at one length, or graded scores (LCC's edit similarity)
                 iv, ci = _average_interval(cells, boot)
             acc[m][L] = {**_iv(iv, 100.0, key="mean"), "ci": ci}
         cells = samples.cells(tasks, m, lengths)

@@ -425,9 +425,17 @@ def markdown_report(
         f"Methods: {', '.join(named)}. Seed {cfg.get('seed', '?')}; "
         f"the last run asked for {which}{cfg.get('samples', '?')} samples per task and length (each cell gives "
         "its n); scores are % correct (0/100 per sample, RULER "
-        "string match / BABILong compare_answers); recovery = method ÷ full attention.",
+        "string match / BABILong compare_answers)"
+        + (
+            "; LCC scores the predicted line's edit similarity to the true next line, 0-100 (LongBench "
+            "code_sim_score; exact match is in the rows)"
+            if "lcc" in s["accuracy"]
+            else ""
+        )
+        + "; recovery = method ÷ full attention.",
         "",
-        "Every number has a 95% interval in brackets and its n: Wilson for one task at one length; a "
+        "Every number has a 95% interval in brackets and its n: Wilson for one task at one length (a "
+        "bootstrap for graded scores, such as LCC's); a "
         "stratified bootstrap (resampling within each task and length) for averages over tasks or lengths "
         "(Wilson on the pooled count when the cells have equal n, or when every score is the same); "
         "a paired bootstrap over the samples both methods ran for recovery, ratios and differences (a ratio "
@@ -465,13 +473,19 @@ def markdown_report(
 
 
 def _task_sections(s: dict, plots: list[tuple[str, str]]) -> list[str]:
-    """A section per S-NIAH task and one for BABILong (its tasks folded out beneath)."""
+    """A section per S-NIAH task, one per other task (LCC) and one for BABILong (its tasks folded
+    out beneath)."""
     lines: list[str] = []
     for family in NIAH_TASKS:
         if family in s["accuracy"]:
             lines += [f"## {FAMILY_TITLES[family]}", "", _accuracy_table(s, family), ""]
             lines += _recovery_lines(s, family)
     lines += [f"![{t}]({f})" for t, f in plots if f.startswith("niah")] + [""]
+    for family in HEADLINE_FAMILIES:
+        # Tasks beyond S-NIAH and BABILong (LCC): their own section each.
+        if family in s["accuracy"] and family not in NIAH_TASKS and family != "babilong":
+            lines += [f"## {FAMILY_TITLES[family]}", "", _accuracy_table(s, family), ""]
+            lines += _recovery_lines(s, family)
     if "babilong" in s["accuracy"]:
         lines += [
             f"## {FAMILY_TITLES['babilong']}",

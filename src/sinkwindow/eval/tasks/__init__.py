@@ -9,12 +9,15 @@ Tasks:
     ``ppl``                              perplexity of essay windows at each length (chunked stream)
     ``niah_single_1/2/3``                RULER S-NIAH (greedy decoding, string match, 0/100)
     ``babilong_qa1`` .. ``babilong_qa5`` BABILong (greedy decoding, compare_answers, 0/100)
+    ``lcc``                              LongBench-LCC-style next line of stdlib code (edit similarity
+                                         0-100, exact match beside it); run only when named
 """
 
 from __future__ import annotations
 
 from .babilong import BABILONG, BABILONG_MIN_LENGTH, BABILONG_PROMPT_RESERVE
 from .base import Task
+from .lcc import LCC, LCC_ANSWER_TOKENS, LCC_MIN_LENGTH
 from .niah import NIAH, NIAH_ANSWER_TOKENS, NIAH_MIN_LENGTH
 from .ppl import PERPLEXITY, PPL_MIN_LENGTH
 
@@ -23,6 +26,7 @@ __all__ = [
     "TASKS",
     "GROUPS",
     "ALL_TASKS",
+    "DEFAULT_TASKS",
     "NIAH_TASKS",
     "BABILONG_TASKS",
     "FAMILY_TITLES",
@@ -36,11 +40,15 @@ __all__ = [
     "BABILONG_PROMPT_RESERVE",
     "BABILONG_MIN_LENGTH",
     "PPL_MIN_LENGTH",
+    "LCC_ANSWER_TOKENS",
+    "LCC_MIN_LENGTH",
 ]
 
-TASKS: dict[str, Task] = {t.name: t for t in (PERPLEXITY, *NIAH, *BABILONG)}
+TASKS: dict[str, Task] = {t.name: t for t in (PERPLEXITY, *NIAH, *BABILONG, LCC)}
 
 ALL_TASKS: tuple[str, ...] = tuple(TASKS)
+# What a run that names no tasks runs (EvalConfig's default, compare): the paper's protocol.
+DEFAULT_TASKS: tuple[str, ...] = tuple(t.name for t in TASKS.values() if t.default)
 GROUPS: dict[str, tuple[str, ...]] = {}
 for _t in TASKS.values():
     GROUPS[_t.group] = (*GROUPS.get(_t.group, ()), _t.name)

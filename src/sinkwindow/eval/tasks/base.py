@@ -31,6 +31,8 @@ class Task:
         title: the report's title of that column.
         min_length: the smallest length worth running (checked while parsing flags).
         setting_keys: the run settings that change this task's rows (``fingerprint.run_settings``).
+        default: whether a run that names no tasks (``EvalConfig``'s default, ``compare``) runs it;
+            a task outside the paper's protocol is asked for by name (``--tasks``).
     """
 
     name: str
@@ -39,6 +41,7 @@ class Task:
     title: str
     min_length: int
     setting_keys: tuple[str, ...] = ()
+    default: bool = True
 
     def lengths(self, config) -> list[int]:
         """The lengths ``config`` asks of this task."""

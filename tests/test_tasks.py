@@ -83,3 +83,26 @@ def test_summary_columns_follow_the_registry_one_per_task_and_babilong_averaged(
     # A task's own column holds its rows; the average holds both QA tasks' (8 samples).
     assert acc["babilong_qa1"]["full"][1024]["n"] == 4 and acc["babilong_qa2"]["swa:64:4"][1024]["n"] == 4
     assert acc["babilong"]["full"][1024]["mean"] == 50.0
+
+
+def test_lcc_is_run_by_name_from_eval_code_and_compare_tasks():
+    from sinkwindow.cli import build_parser
+    from sinkwindow.eval.cli import _compare_config
+
+    args = build_parser().parse_args(["eval", "code", "--lengths", "1k", "--out", "o"])
+    assert (args.family, args.lengths, args.tasks) == ("code", [1024], None)
+    assert tasks.group_tasks("code") == ("lcc",)
+    compare = build_parser().parse_args(["compare", "--tasks", "lcc,niah_single_3", "--methods", "full"])
+    assert compare.tasks == ["lcc", "niah_single_3"]
+    assert _compare_config(compare, "quick").tasks == ["lcc", "niah_single_3"]
+    # A group name stands for its tasks; no --tasks is the paper's set, without lcc.
+    assert build_parser().parse_args(["compare", "--tasks", "babilong"]).tasks == list(tasks.BABILONG_TASKS)
+    default = build_parser().parse_args(["compare", "--methods", "full"])
+    assert _compare_config(default, "quick").tasks == list(tasks.DEFAULT_TASKS)
+    for bad in (
+        ["compare", "--tasks", "lcc,,ppl"],
+        ["compare", "--tasks", "lcd"],
+        ["eval", "code", "--lengths", "200"],
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(bad)

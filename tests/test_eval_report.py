@@ -290,3 +290,25 @@ def test_hybrid_section_gives_niah_average_recovery_and_kv_share():
     # A run without hybrids has no such section.
     plain = summarize([r for r in rows if r["method"] != hyb])
     assert plain["hybrid"] == {} and "## Hybrid specs" not in markdown_report(plain, {}, [])
+
+
+def test_lcc_edit_similarity_gets_a_column_a_section_and_a_bootstrap_interval():
+    # Graded 0-100 scores: Wilson's interval is for 0/1 counts, so one LCC cell takes the bootstrap.
+    sims = {"full": [100, 80, 64, 90, 100, 72], "swa:256:4": [40, 55, 100, 30, 61, 20]}
+    r = [
+        dict(model="m", task="lcc", method=m, length=1024, seed=0, index=i, score=float(v), exact_match=0)
+        for m, vs in sims.items()
+        for i, v in enumerate(vs)
+    ]
+    s = summarize(r + niah("full", 1024, [1, 0]) + niah("swa:256:4", 1024, [0, 0]))
+    cell = s["accuracy"]["lcc"]["full"][1024]
+    assert cell["ci"] == "bootstrap" and cell["n"] == 6
+    assert (
+        cell["mean"] == pytest.approx(sum(sims["full"]) / 6) and cell["lo"] < cell["mean"] < cell["hi"] <= 100
+    )
+    assert s["accuracy"]["niah_single_3"]["full"][1024]["ci"] == "wilson"  # 0/1 cells keep Wilson
+    md = markdown_report(s, {"model": "m"}, [])
+    assert "## LCC (next-line code completion" in md and "edit similarity to the true next line" in md
+    header = next(line for line in md.split("## Summary")[1].splitlines() if line.startswith("| method"))
+    assert header.endswith("| LCC |")
+    assert "edit similarity" not in markdown_report(summarize(niah("full", 1024, [1, 0])), {"model": "m"}, [])

@@ -512,11 +512,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_report(sub)
 
 
-def _register_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | code | lm-eval")
-    fam = p.add_subparsers(dest="family", metavar="FAMILY")
+def _eval_families() -> tuple:
+    """``(family, help, default lengths, --lengths type, --lengths help)`` of each ``eval`` family."""
     k = cli_args.SIZE_HELP
-    families = (
+    return (
         (
             "niah",
             "S-NIAH-1/2/3 (RULER single needle)",
@@ -556,7 +555,12 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
             f"token budgets, prompt + answer, each >= {LCC_MIN_LENGTH}; {k} (default: %(default)s)",
         ),
     )
-    for family, helptext, lengths, lengths_type, lengths_help in families:
+
+
+def _register_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | code | lm-eval")
+    fam = p.add_subparsers(dest="family", metavar="FAMILY")
+    for family, helptext, lengths, lengths_type, lengths_help in _eval_families():
         q = fam.add_parser(family, help=helptext)
         _add_common(q, ["full", "swa:64:4"])
         q.add_argument(

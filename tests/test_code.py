@@ -176,7 +176,9 @@ def test_evidence_is_the_nearest_binding_line_or_none_beyond_the_context(tmp_pat
             assert s.evidence is None  # LIMIT = 3 lies 300 comment lines back, outside 512 tokens
     for s in samples:
         if s.line == 2:
-            assert s.evidence is None  # LIMIT = 3 reads no name
+            assert s.evidence is None and s.answer_names == []  # LIMIT = 3 reads no name
+        if s.line == target:
+            assert s.answer_names == ["LIMIT", "join", "os", "path"]
 
 
 def test_the_task_scores_a_prediction_into_a_row(tok):
@@ -196,5 +198,8 @@ def test_the_task_scores_a_prediction_into_a_row(tok):
             s.prompt,
         )
         assert row["evidence_tokens"] == (s.evidence["tokens"] if s.evidence else None)
+        assert row["answer_names"] == s.answer_names and (
+            s.evidence is None or s.evidence["name"] in s.answer_names
+        )
         wrong = finish("# nothing\n")
         assert (wrong["score"], wrong["exact_match"]) == (0, 0)

@@ -37,7 +37,7 @@ A sample at length N:
   line's first token to the first token after the context). ``None`` when no context line binds
   one (the binding lies outside the context, in another module or among the builtins).
 
-Deviations (also in :data:`DEVIATIONS`, for result metadata) are listed there.
+Deviations from LongBench are in :data:`DEVIATIONS` (written into result metadata).
 """
 
 from __future__ import annotations
@@ -264,6 +264,8 @@ class LccSample:
         python_version: the interpreter whose stdlib the code comes from.
         n_prompt_tokens: tokens of ``prompt`` without special tokens (the budget's count).
         context_lines: lines of the context.
+        answer_names: the names the answer line reads (:func:`answer_names`), sorted; empty: an
+            answer that depends on no earlier binding (a ``def`` line, an import, ``x = 1``).
         evidence: ``None``, or the nearest binding line: ``file``, ``line`` (in that file),
             ``name``, ``distance_lines``, ``distance_tokens`` and ``tokens`` (``[start, end)``
             among the prompt's ids with special tokens).
@@ -279,6 +281,7 @@ class LccSample:
     python_version: str
     n_prompt_tokens: int
     context_lines: int
+    answer_names: list[str]
     evidence: dict | None
     max_new_tokens: int = MAX_NEW_TOKENS
 
@@ -432,6 +435,7 @@ def _sample(
         python_version=python_version(),
         n_prompt_tokens=len(tokenizer(prompt, add_special_tokens=False)["input_ids"]),
         context_lines=k,
+        answer_names=sorted(answer_names(target, line)),
         evidence=_evidence(tokenizer, root, kept, prompt, answer_names(target, line)),
     )
 

@@ -61,6 +61,7 @@ class CodeTask(Task):
                 "prompt": sample.prompt,
                 "n_prompt_tokens": int(ids.shape[1]),
                 "context_lines": sample.context_lines,
+                "answer_names": sample.answer_names,
                 # The nearest context line binding a name the answer reads (null: none in the
                 # context); [start, end) among the prompt's ids, as S-NIAH's needle_tokens.
                 "evidence_file": evidence.get("file"),

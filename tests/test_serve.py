@@ -204,7 +204,7 @@ def test_bad_input_gets_openai_errors_and_the_server_keeps_serving(served):
     assert err.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError, match="pass the model's limit of 1024"):
         c.completions.create(model="tiny", prompt=_prompt(300), max_tokens=900)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+    with pytest.raises(openai.BadRequestError, match="n is not supported"):
         c.completions.create(model="tiny", prompt="w2", max_tokens=2, n=2)
     status, body = _call("POST", f"{server.url}/v1/completions", b"{not json")
     assert status == 400 and "not valid JSON" in body["error"]["message"]
@@ -264,7 +264,7 @@ def test_a_session_continues_its_cache_and_stays_within_the_window(served):
     assert info["turns"] == 2 and info["tokens"] == len(stream) + len(_ids(r2)) - 1
     # Its cache is one ring buffer of W slots per layer (the decode batch's layout), whatever its length.
     window = sinkwindow.parse_spec(SPEC).window
-    session = engine.sessions._sessions["a"]
+    session = engine.sessions._sessions["anonymous/a"]  # kept per API key (here none)
     assert max(sinkwindow.cache.cache_lengths(session.cache)) <= window and engine.batched
 
 
@@ -345,6 +345,7 @@ def test_smollm2_answers_the_openai_client_streamed(tmp_path):
         pytest.skip("SmolLM2 not installed")
     args = argparse.Namespace(
         model="smollm2-135m", method="swa:1024:4", checkpoint=None, device="cpu", dtype="float32", threads=None,
+        host="127.0.0.1", api_key=None, allow_unauthenticated=False, max_request_bytes=1 << 20,
         max_active=2, max_queue=4, chunk_size=512, max_sessions=4, kv_budget=None, served_model_name=None,
         max_prompt_tokens=None,
     )  # fmt: skip

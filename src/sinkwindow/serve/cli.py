@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from .. import cli_args, resolve
@@ -21,7 +22,14 @@ def serve_app(args: argparse.Namespace):
 
     from .app import build_app
     from .engine import Engine
+    from .security import is_loopback, keys_from
     from .sessions import SessionStore
+
+    keys = keys_from(args.api_key, os.environ.get("SINKWINDOW_API_KEY"))
+    loopback = is_loopback(args.host)
+    if not keys and not loopback and not args.allow_unauthenticated:
+        raise SystemExit(f"error: --host {args.host} is reachable from other machines: give --api-key KEY (or "
+                         "SINKWINDOW_API_KEY), or --allow-unauthenticated to serve anyone")  # fmt: skip
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -35,8 +43,32 @@ def serve_app(args: argparse.Namespace):
         model, max_active=args.max_active, max_queue=args.max_queue, chunk_size=args.chunk_size,
         sessions=SessionStore(args.max_sessions, args.kv_budget),
     )  # fmt: skip
+    _check_kv_budget(engine, args.kv_budget)
     served = [args.served_model_name or args.model]
-    return build_app(engine, tok, served, max_prompt_tokens=args.max_prompt_tokens)
+    return build_app(engine, tok, served, max_prompt_tokens=args.max_prompt_tokens, api_keys=keys,
+                     loopback_only=loopback, max_request_bytes=args.max_request_bytes)  # fmt: skip
+
+
+def _check_kv_budget(engine, budget: int | None) -> None:
+    """Refuse a ``--kv-budget`` below one session's cache (a ring buffer's bytes, measured after one token)."""
+    if budget is None:
+        return
+    import torch
+
+    from ..cache import cache_nbytes
+    from ..patch import make_cache
+    from ..prefill import prefill
+
+    cache = make_cache(engine.model, static=engine.batched)
+    with torch.no_grad():
+        prefill(
+            engine.model, torch.zeros(1, 1, dtype=torch.long, device=engine.device), chunk_size=1, cache=cache
+        )
+    need = cache_nbytes(cache)
+    if budget < need:
+        raise SystemExit(
+            f"error: --kv-budget {budget} is below one session's KV cache ({need} bytes): give at least that"
+        )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -80,6 +112,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bytes of KV cache idle sessions may hold, e.g. 4GiB (default: no limit)")  # fmt: skip
     p.add_argument("--max-prompt-tokens", type=cli_args.integer(1, what="--max-prompt-tokens"), default=None,
                    help="longest prompt accepted (default: what the model's positions allow)")  # fmt: skip
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="a key clients must send as Authorization: Bearer KEY (repeatable; also SINKWINDOW_API_KEY, "
+                   "comma-separated); each key sees only its own sessions")  # fmt: skip
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve a non-loopback --host without API keys (anyone who reaches it may use it)")  # fmt: skip
+    p.add_argument("--max-request-bytes", type=cli_args.kv_budget, default=1 << 20,
+                   metavar="BYTES",
+                   help="longest request body, e.g. 4MiB (default: 1MiB); longer ones get 413")  # fmt: skip
     p.add_argument("--shutdown-timeout", type=cli_args.real(0.0, inclusive=True, what="--shutdown-timeout"),
                    default=10.0, help="seconds running requests get to finish on SIGTERM (default: %(default)s)")  # fmt: skip
     cli_args.add_chunk_size(p, help="prompt tokens per prefill step")

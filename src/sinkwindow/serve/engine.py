@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from ..generate import DecodeStep, select_next
 from ..patch import active_spec, check_positions, make_cache
 from ..prefill import input_device, prefill
 from ..static_cache import StaticSinkWindowCache, StaticSinkWindowLayer, stack_rows, take_rows
+from .sampling import Sampler, SamplingParams, top_logprobs
 from .sessions import Session, SessionStore
 
 __all__ = ["Engine", "Job", "EngineBusyError"]
@@ -55,6 +57,11 @@ class Job:
         stop_ids: token ids that end the answer (the model's eos).
         session: a session id whose cache the prompt continues.
         emit: called with each event, on the worker thread.
+        sampling: penalties, logit_bias and logprobs (default: none).
+        watch: called on the worker thread with each generated token and its log-probabilities
+            (``None`` unless ``sampling.logprobs``) *before* the token is fed: ``None`` to go on, or,
+            when a stop string has ended the answer, how many generated tokens lie wholly before it
+            (see :meth:`Engine._end` for what a session keeps then).
     """
 
     prompt: list[int]
@@ -65,6 +72,8 @@ class Job:
     stop_ids: frozenset[int] = frozenset()
     session: str | None = None
     emit: Callable[[tuple], None] = lambda event: None
+    sampling: SamplingParams | None = None
+    watch: Callable[[int, dict | None], int | None] | None = None
     id: str = field(default_factory=lambda: f"job-{next(_ids)}")
     # Worker state.
     cancel_reason: str | None = None
@@ -78,6 +87,8 @@ class Job:
     _next: torch.Tensor | None = None  # [1] the token to feed next (batched decoding)
     _generator: torch.Generator | None = None
     _session: Session | None = None
+    _sampler: Sampler | None = None
+    stop_keep: int | None = None  # set when a stop string ended the answer (see ``watch``)
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Ask the worker to end this request at its next step (a disconnect, a stop string)."""
@@ -132,6 +143,18 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.last_evicted: list[dict] = []
+        self.heartbeat = time.monotonic()  # the worker's last turn of its loop (or wait)
+
+    def alive(self, stall_s: float) -> tuple[bool, str]:
+        """Whether the worker serves: its thread runs and, with work waiting, it turned within ``stall_s``."""
+        if self._thread is None or not self._thread.is_alive():
+            return False, "the engine's worker thread is not running"
+        with self._cv:
+            busy = bool(self._queue or self._active)
+        age = time.monotonic() - self.heartbeat
+        if busy and age > stall_s:
+            return False, f"the engine has not stepped for {age:.0f} s with requests waiting"
+        return True, "ok"
 
     def start(self) -> Engine:
         if self._thread is None:
@@ -189,30 +212,47 @@ class Engine:
     def _loop(self) -> None:
         with torch.no_grad():
             while True:
-                with self._cv:
-                    while not self._queue and not self._active and not self._stopping:
-                        self._cv.wait()
-                    if self._stopping and not self._queue and not self._active:
+                try:
+                    if not self._turn():
                         return
-                    while self._queue and len(self._active) < self.max_active:
-                        self._active.append(self._begin(self._queue.popleft()))
-                    running = list(self._active)
-                for job in running:
-                    if self.batched and job in self._rows:
-                        continue  # advanced by the batched step below
-                    try:
-                        finished = self._advance(job)
-                    except Exception as err:  # one request's failure must not stop the others
-                        self._fail(job, err)
-                        continue
-                    if finished:
-                        self._end(job, ("done", job.cancel_reason or finished))
-                if self._rows:
-                    try:
-                        self._batched_step()
-                    except Exception as err:  # the batch's forward failed: end its requests, keep serving
-                        for job in list(self._rows):
-                            self._fail(job, err)
+                except Exception:  # a bug outside any one request: log it, end the running ones, go on
+                    logger.exception("the engine's loop failed; ending the running requests")
+                    for job in list(self._active):
+                        self._fail(job, RuntimeError("the engine failed while serving this request"))
+
+    def _turn(self) -> bool:
+        """One turn of the loop: admit, prefill/decode each running request; False once stopped."""
+        with self._cv:
+            while not self._queue and not self._active and not self._stopping:
+                self.heartbeat = time.monotonic()
+                self._cv.wait(1.0)
+            self.heartbeat = time.monotonic()
+            if self._stopping and not self._queue and not self._active:
+                return False
+            while self._queue and len(self._active) < self.max_active:
+                job = self._queue.popleft()
+                try:  # a request that cannot start (a bad seed...) fails alone
+                    self._active.append(self._begin(job))
+                except Exception as err:
+                    self._fail(job, err)
+            running = list(self._active)
+        for job in running:
+            if self.batched and job in self._rows:
+                continue  # advanced by the batched step below
+            try:
+                finished = self._advance(job)
+            except Exception as err:  # one request's failure must not stop the others
+                self._fail(job, err)
+                continue
+            if finished:
+                self._end(job, ("done", job.cancel_reason or finished))
+        if self._rows:
+            try:
+                self._batched_step()
+            except Exception as err:  # the batch's forward failed: end its requests, keep serving
+                for job in list(self._rows):
+                    self._fail(job, err)
+        return True
 
     def _begin(self, job: Job) -> Job:
         s = job._session
@@ -224,9 +264,12 @@ class Engine:
             job._cache = fresh()
             job._pending = list(job.prompt)
         job.prompt_tokens = len(job.prompt)
-        job._step = DecodeStep(self.model, job._cache)
+        if not job._pending and job.max_new_tokens > 0:
+            raise ValueError("nothing to continue from: give a prompt (the session has no pending token)")
         if job.temperature > 0 and job.seed is not None:
             job._generator = torch.Generator(device=self.device).manual_seed(job.seed)
+        job._sampler = Sampler(job.sampling or SamplingParams())
+        job._step = DecodeStep(self.model, job._cache)
         return job
 
     def _advance(self, job: Job) -> str | None:
@@ -254,6 +297,7 @@ class Engine:
 
     def _pick(self, job: Job, logits: torch.Tensor) -> tuple[torch.Tensor, str | None]:
         """Choose, emit and count ``job``'s next token from ``logits [1, vocab]``; the finish reason if it ends the answer."""
+        logits = job._sampler.adjust(logits)
         nxt = select_next(
             logits,
             do_sample=job.temperature > 0,
@@ -264,8 +308,14 @@ class Engine:
         token = int(nxt[0])
         job.generated += 1
         job.last_token = token
-        job.emit(("token", token))
+        job._sampler.observe(token)
+        k = job._sampler.params.logprobs
+        info = top_logprobs(logits, token, k) if k is not None else None
+        job.emit(("token", token, info))
         if token in job.stop_ids:
+            return nxt, "stop"
+        if job.watch is not None and (keep := job.watch(token, info)) is not None:
+            job.stop_keep = keep
             return nxt, "stop"
         if job.generated >= job.max_new_tokens:
             return nxt, "length"
@@ -320,10 +370,27 @@ class Engine:
         s = job._session
         evicted: list[dict] = []
         if s is not None:
-            if broken or job._pending:
+            # A stop string: the client was shown the answer up to it, so the session keeps no more.
+            # The token that completed it is the pending one (never fed); when the stop began in an
+            # earlier token, that one and those after it are in the cache already and a ring buffer
+            # cannot take them back, so the session starts afresh rather than keep unseen text.
+            # (An exact rollback needs a copy of the rows from where the stop may begin: a block
+            # pool with copy-on-write could give it.)
+            cut = job.stop_keep is not None and job.stop_keep < job.generated - 1
+            if broken and job._step is None:
+                pass  # it failed before it began: the session is as it was
+            elif broken or job._pending or cut:
                 # Cut off inside the prompt (or failed): the cache no longer matches a token stream.
                 s.cache, s.pending, s.tokens = None, [], 0
-                logger.warning("session %s: reset (its turn ended inside the prompt)", s.id)
+                why = (
+                    "a stop string began before its last token" if cut else "its turn ended inside the prompt"
+                )
+                logger.warning("session %s: reset (%s)", s.id, why)
+            elif job.stop_keep is not None:
+                s.cache = job._cache
+                s.tokens += len(s.pending) + len(job.prompt) + job.stop_keep
+                s.pending = []
+                s.turns += 1
             else:
                 fed = len(s.pending) + len(job.prompt) + max(job.generated - 1, 0)
                 s.cache = job._cache

@@ -128,6 +128,12 @@ class SessionStore:
             s = self._sessions.get(session_id)
             return 0 if s is None else s.tokens
 
+    def pending(self, session_id: str) -> list[int]:
+        """The session's generated token not fed yet (``[]`` for none, or an unknown session)."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            return [] if s is None else list(s.pending)
+
     def rows(self) -> list[dict]:
         with self._lock:
             return [s.row() for s in self._sessions.values()]

@@ -267,7 +267,10 @@ class Engine:
         if not job._pending and job.max_new_tokens > 0:
             raise ValueError("nothing to continue from: give a prompt (the session has no pending token)")
         if job.temperature > 0 and job.seed is not None:
-            job._generator = torch.Generator(device=self.device).manual_seed(job.seed)
+            try:
+                job._generator = torch.Generator(device=self.device).manual_seed(job.seed)
+            except (RuntimeError, ValueError, OverflowError):
+                raise ValueError(f"seed {job.seed} is outside torch.Generator's range 0..2**64-1") from None
         job._sampler = Sampler(job.sampling or SamplingParams())
         job._step = DecodeStep(self.model, job._cache)
         return job
@@ -348,13 +351,20 @@ class Engine:
         logits = DecodeStep(self.model, self._batch)(tokens)  # [rows, vocab]
         done = []
         for job, row in zip(list(self._rows), logits):
-            nxt, finished = self._pick(job, row[None])
+            try:  # one row's choice failing (its sampler, its stop watch) fails that request alone
+                nxt, finished = self._pick(job, row[None])
+            except Exception as err:
+                done.append((job, err))
+                continue
             job._next = nxt
             if finished:
                 done.append((job, finished))
         for job, finished in done:
             self._leave(job)
-            self._end(job, ("done", job.cancel_reason or finished))
+            if isinstance(finished, Exception):
+                self._fail(job, finished)
+            else:
+                self._end(job, ("done", job.cancel_reason or finished))
 
     def _fail(self, job: Job, err: Exception) -> None:
         logger.error("request %s failed: %s: %s", job.id, type(err).__name__, err)

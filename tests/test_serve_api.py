@@ -223,7 +223,7 @@ MALFORMED = [
 WRONG = {
     "prompt": [None, 5, [], [-1], [True], [10**30], [[1], [2]], {"a": 1}, [999]],
     "max_tokens": ["5", 1.5, -1, 10**40, True],
-    "temperature": ["hot", -0.1, 2.5, float("nan"), 10**400],
+    "temperature": ["hot", -0.1, 2.5, float("nan"), 10**400, 1e-300],
     "top_p": [1.5, [], False],
     "seed": [2**64, -1, "1", 1e30],
     "stop": [5, ["a"] * 5, [1], "x" * 300],

@@ -5,8 +5,11 @@
   and under ``swa``/``evict`` the generating ones decode as rows of one batched forward;
 - :mod:`.sessions`: conversations that keep their cache between requests, evicted under a count
   and a byte budget;
-- :mod:`.text`: incremental detokenizing and stop strings;
-- :mod:`.protocol`: the OpenAI request and response shapes, and their errors;
+- :mod:`.text`: incremental detokenizing and stop strings; :mod:`.answer`: one answer's text, stop
+  and logprobs, on the worker thread; :mod:`.chat`: a session's chat turns as one conversation;
+- :mod:`.sampling`: presence/frequency penalties, logit_bias and logprobs;
+- :mod:`.protocol`: the OpenAI request and response shapes, the table of every field, and errors;
+- :mod:`.security`: API keys, the Host and content-type guard, the request byte limit;
 - :mod:`.app`: the Starlette application (``/v1/completions``, ``/v1/chat/completions`` with
   server-sent events, ``/v1/models``, ``/v1/sessions``, ``/health``);
 - :mod:`.cli`: the ``serve`` subcommand (uvicorn).
@@ -28,6 +31,7 @@ __all__ = lazy_package(
         ".app": ["build_app"],
         ".engine": ["Engine", "EngineBusyError", "Job"],
         ".protocol": ["APIError", "GenerationRequest", "parse_request"],
+        ".sampling": ["SamplingParams"],
         ".sessions": ["Session", "SessionBusyError", "SessionStore"],
         ".text": ["IncrementalDecoder", "StopMatcher"],
     },

@@ -217,8 +217,15 @@ class Engine:
                         return
                 except Exception:  # a bug outside any one request: log it, end the running ones, go on
                     logger.exception("the engine's loop failed; ending the running requests")
+                    self._rows, self._batch = [], None
                     for job in list(self._active):
-                        self._fail(job, RuntimeError("the engine failed while serving this request"))
+                        try:
+                            self._fail(job, RuntimeError("the engine failed while serving this request"))
+                        except Exception:  # its emit or session bookkeeping failed too: drop it
+                            logger.exception("request %s could not be ended cleanly", job.id)
+                            with self._cv:
+                                if job in self._active:
+                                    self._active.remove(job)
 
     def _turn(self) -> bool:
         """One turn of the loop: admit, prefill/decode each running request; False once stopped."""

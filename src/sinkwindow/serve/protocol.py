@@ -300,6 +300,18 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     return (top or 0) if on else None
 
 
+# Below this, logits / temperature overflow float32 (softmax of inf: NaN); 0 means greedy.
+_MIN_TEMPERATURE = 1e-4
+
+
+def _temperature(body: dict) -> float:
+    value = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if 0 < value < _MIN_TEMPERATURE:
+        raise APIError(400, f"temperature must be 0 (greedy) or at least {_MIN_TEMPERATURE}, got {value}",
+                       param="temperature")  # fmt: skip
+    return value
+
+
 def _stream(body: dict) -> tuple[bool, bool]:
     stream = body.get("stream", False)
     if stream is None:
@@ -346,7 +358,7 @@ def parse_request(body, *, chat: bool, served: list[str]) -> GenerationRequest:
         prompt=None if chat else _prompt(body),
         messages=_messages(body) if chat else None,
         max_tokens=_number(body, limit_name, DEFAULT_MAX_TOKENS, 0, _MAX_TOKENS, integer=True),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         seed=_number(body, "seed", None, 0, MAX_SEED, integer=True),
         stop=_stop(body),

@@ -589,3 +589,30 @@ def test_a_stream_cut_off_by_the_engine_stopping_ends_with_an_error_and_done(tmp
         conn.close()
     finally:
         server.stop()
+
+
+def test_smollm2s_template_continues_without_its_default_system_prompt_again():
+    """SmolLM2's template opens every conversation with its own system prompt: a continuation must not."""
+    from conftest import smollm2_available
+
+    if not smollm2_available():
+        pytest.skip("SmolLM2 not installed")
+    from transformers import AutoTokenizer
+
+    from sinkwindow import models
+    from sinkwindow.serve.chat import render_continuation, render_first
+
+    folder = models._converted_dir(models.resolve_gguf("smollm2-135m"))
+    if not folder.exists():
+        pytest.skip("SmolLM2 not converted yet (sinkwindow.load('smollm2-135m') converts it)")
+    tok = AutoTokenizer.from_pretrained(folder)
+    first, answer = [{"role": "user", "content": "Hi there"}], "Hello! How can I help?"
+    later = [{"role": "user", "content": "And you?"}]
+    whole = tok.apply_chat_template(first + [{"role": "assistant", "content": answer}] + later, tokenize=False,
+                                    add_generation_prompt=True)  # fmt: skip
+    assert whole.count("You are a helpful AI assistant") == 1
+    # The answer ended on <|im_end|> (the pending token, already in the stream): its text is not sent again.
+    stream = render_first(tok, first) + answer + "<|im_end|>" + render_continuation(tok, later, "<|im_end|>")
+    assert stream == whole
+    # An answer cut by max_tokens has no <|im_end|> yet: the continuation closes the turn itself.
+    assert render_continuation(tok, later, None).startswith("<|im_end|>\n<|im_start|>user\n")

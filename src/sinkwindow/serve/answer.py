@@ -4,7 +4,9 @@
 *before* it is fed: so when a stop string completes, the engine learns it at that very token and
 feeds no more (:meth:`AnswerText.watch`), and a session keeps nothing the client was not shown
 (see ``Engine._end``). Each token's text offset is kept, so the tokens lying wholly before the stop
-are known.
+are known. The token holding the stop's first character is not kept, so text of that token shown
+before the stop (``"c"`` of a token ``"c\n"`` under stop ``"\n"``) is not in the session either:
+it keeps a little less than it showed, never more.
 
 Log-probabilities go out with the text they belong to: a token's entry is sent with the piece of
 text that first reaches past its start (a token held back as a possible stop string waits), and

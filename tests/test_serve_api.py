@@ -352,9 +352,9 @@ def test_the_cli_refuses_an_open_bind_without_keys_and_a_kv_budget_below_one_ses
     from sinkwindow.serve.cli import serve_app
 
     monkeypatch.delenv("SINKWINDOW_API_KEY", raising=False)
-    with pytest.raises(SystemExit, match="--allow-unauthenticated"):
+    with pytest.raises(ValueError, match="--allow-unauthenticated"):
         serve_app(_args(tiny_folder, host="0.0.0.0"))
-    with pytest.raises(SystemExit, match="below one session's KV cache"):
+    with pytest.raises(ValueError, match="below one session's KV cache"):
         serve_app(_args(tiny_folder, kv_budget=100))
     monkeypatch.setenv("SINKWINDOW_API_KEY", "a, b")
     app = serve_app(_args(tiny_folder, host="0.0.0.0", kv_budget=1 << 30))

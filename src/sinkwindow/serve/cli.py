@@ -28,7 +28,7 @@ def serve_app(args: argparse.Namespace):
     keys = keys_from(args.api_key, os.environ.get("SINKWINDOW_API_KEY"))
     loopback = is_loopback(args.host)
     if not keys and not loopback and not args.allow_unauthenticated:
-        raise SystemExit(f"error: --host {args.host} is reachable from other machines: give --api-key KEY (or "
+        raise ValueError(f"--host {args.host} is reachable from other machines: give --api-key KEY (or "
                          "SINKWINDOW_API_KEY), or --allow-unauthenticated to serve anyone")  # fmt: skip
 
     if args.threads:
@@ -66,8 +66,8 @@ def _check_kv_budget(engine, budget: int | None) -> None:
         )
     need = cache_nbytes(cache)
     if budget < need:
-        raise SystemExit(
-            f"error: --kv-budget {budget} is below one session's KV cache ({need} bytes): give at least that"
+        raise ValueError(
+            f"--kv-budget {budget} is below one session's KV cache ({need} bytes): give at least that"
         )
 
 

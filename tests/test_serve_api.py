@@ -580,7 +580,16 @@ def test_a_stream_cut_off_by_the_engine_stopping_ends_with_an_error_and_done(tmp
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         r = conn.getresponse()
         assert r.status == 200 and r.readline().startswith(b"data: ")
-        engine.stop()
+        with ThreadPoolExecutor(1) as pool:  # and a whole (not streamed) answer running beside it
+            whole = pool.submit(
+                _http, server.port, "POST", "/v1/completions", {**body, "stream": False}, None
+            )
+            deadline = time.monotonic() + 30
+            while engine.stats()["active"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            engine.stop()
+            status, reply = whole.result(60)
+        assert status == 503 and reply["error"]["message"].startswith("the server stopped")
         lines = [line for line in r.read().decode().splitlines() if line]
         assert lines[-1] == "data: [DONE]"
         assert json.loads(lines[-2].removeprefix("data: "))["error"]["message"].startswith(

@@ -248,11 +248,10 @@ class Engine:
                 continue  # advanced by the batched step below
             try:
                 finished = self._advance(job)
-            except Exception as err:  # one request's failure must not stop the others
+                if finished:
+                    self._end(job, ("done", job.cancel_reason or finished))
+            except Exception as err:  # one request's failure (stepping or finishing) must not stop the others
                 self._fail(job, err)
-                continue
-            if finished:
-                self._end(job, ("done", job.cancel_reason or finished))
         if self._rows:
             try:
                 self._batched_step()

@@ -104,7 +104,8 @@ def _task_list(family: str):
 
 
 def _compare_tasks(text: str) -> list[str]:
-    """``compare --tasks``: task names and groups (``niah``, ``babilong``, ``ppl``, ``code``), commas between."""
+    """``compare --tasks``: task names and groups (``niah``, ``babilong``, ``ppl``, ``code``, ``ruler``),
+    commas between."""
     names = [t.strip() for t in str(text).split(",")]
     unknown = [t for t in names if t not in GROUPS and t not in ALL_TASKS]
     if not all(names) or unknown:
@@ -537,6 +538,16 @@ def _eval_families() -> tuple:
             f"token budgets, 0 (facts only) or >= {BABILONG_MIN_LENGTH}; {k} (default: %(default)s)",
         ),
         (
+            "ruler",
+            "RULER's synthetic tasks: S-NIAH-1/2/3, multi-key/value/query NIAH, vt, cwe, fwe",
+            "1k,2k,4k",
+            cli_args.size_list(
+                NIAH_MIN_LENGTH, why=f"the {NIAH_ANSWER_TOKENS}-token answer budget plus RULER's template"
+            ),
+            f"token budgets, prompt + answer, each >= {NIAH_MIN_LENGTH} (vt, cwe: >= 1024; the other "
+            f"RULER-only tasks: >= 512); {k} (default: %(default)s)",
+        ),
+        (
             "ppl",
             "perplexity of essay windows, streamed through the method's cache",
             "2048",
@@ -558,7 +569,9 @@ def _eval_families() -> tuple:
 
 
 def _register_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="run one evaluation family: niah | babilong | ppl | code | lm-eval")
+    p = sub.add_parser(
+        "eval", help="run one evaluation family: niah | babilong | ruler | ppl | code | lm-eval"
+    )
     fam = p.add_subparsers(dest="family", metavar="FAMILY")
     for family, helptext, lengths, lengths_type, lengths_help in _eval_families():
         q = fam.add_parser(family, help=helptext)
@@ -570,6 +583,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
             help={
                 "niah": "subset, e.g. niah_single_3 or niah_single_1,niah_single_2",
                 "babilong": "subset, e.g. babilong_qa1 or babilong_qa1,babilong_qa2",
+                "ruler": "subset, e.g. vt or niah_multikey_1,cwe,fwe",
             }.get(family, f"{group_tasks(family)[0]}, the only task of this family"),
         )
         q.add_argument("--lengths", type=lengths_type, default=lengths, help=lengths_help)
@@ -579,7 +593,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
             default=10,
             help="samples per task and length (ppl: windows per length) (default: %(default)s)",
         )
-        if family == "niah":
+        if family in ("niah", "ruler"):
             q.add_argument(
                 "--niah-max-new-tokens",
                 type=_decode_cap,
@@ -627,9 +641,9 @@ def _register_compare(sub: argparse._SubParsersAction) -> None:
         "--tasks",
         type=_compare_tasks,
         default=None,
-        help="tasks or groups to run, e.g. niah_single_3,babilong or lcc (default: "
+        help="tasks or groups to run, e.g. niah_single_3,babilong, lcc or ruler (default: "
         + ",".join(DEFAULT_TASKS)
-        + "; lcc runs only when named)",
+        + "; lcc and the RULER-only tasks run only when named)",
     )
     p.add_argument(
         "--short-data",

@@ -45,9 +45,9 @@ ANSWER_PREFIX = " Answer: The top 10 words that appear most often in the list ar
 FREQ_CW, FREQ_UCW, NUM_CW, NUM_FEWSHOT = 30, 3, 10, 1
 
 DEVIATIONS: tuple[str, ...] = (
-    "CWE sizing: per-sample largest word count (1-word steps) that fits, found by replaying the "
+    "sizing: per-sample largest word count (1-word steps) that fits, found by replaying the "
     "sample's draws; RULER binary-searches one size on throw-away samples (consuming random state)",
-    "CWE words: the installed wonderwords lists; RULER's english_words.json fallback (pools over "
+    "words: the installed wonderwords lists; RULER's english_words.json fallback (pools over "
     "the wonderwords lists, > ~64K tokens) is not shipped, such lengths are refused",
 )
 

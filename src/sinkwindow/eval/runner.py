@@ -46,7 +46,7 @@ from .scheduler import (
     SerialScheduler,
     make_scheduler,
 )
-from .tasks import ALL_TASKS, DEFAULT_TASKS, TASKS, deviations
+from .tasks import ALL_TASKS, DEFAULT_TASKS, NIAH_TASKS, RULER_TASKS, TASKS, deviations
 
 __all__ = [
     "EvalConfig",
@@ -71,8 +71,9 @@ class EvalConfig:
     """Everything that defines a run (written to ``config.json``).
 
     Attributes:
-        tasks: the tasks to run (default: ``tasks.DEFAULT_TASKS``, the paper's; ``lcc`` runs when named).
-        lengths: token budgets for NIAH, BABILong and LCC (BABILong ``0`` means 0K: facts only).
+        tasks: the tasks to run (default: ``tasks.DEFAULT_TASKS``, the paper's; ``lcc`` and the
+            RULER-only tasks, ``niah_multikey_1`` .. ``fwe``, run when named).
+        lengths: token budgets for NIAH, RULER, BABILong and LCC (BABILong ``0`` means 0K: facts only).
         ppl_lengths: window lengths for perplexity.
         samples: samples per (task, length); ``ppl_windows`` essay windows per perplexity length.
         niah_max_new_tokens: decoding cap for NIAH. RULER decodes up to 128 tokens (and the haystack
@@ -188,6 +189,7 @@ class EvalConfig:
         unknown = [t for t in self.tasks if t not in ALL_TASKS]
         if unknown:
             raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join(ALL_TASKS)}")
+        _check_ruler(self)
         if self.samples <= 0 or self.ppl_windows <= 0:
             raise ValueError("samples and ppl_windows must be positive")
         for m in self.methods:
@@ -200,6 +202,24 @@ class EvalConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_ruler(config: EvalConfig) -> None:
+    """One-line refusals for the RULER-only tasks: no length at or above a task's minimum (lengths
+    below it are skipped and said in the deviations), and S-NIAH's stratified depths, which they do
+    not implement."""
+    ruler = [t for t in config.tasks if t in RULER_TASKS]
+    for task in ruler:
+        least = TASKS[task].min_length
+        if not TASKS[task].lengths(config):
+            raise ValueError(
+                f"task {task} needs a length >= {least}, got {config.lengths}: add one or drop the task"
+            )
+    if ruler and config.niah_depths != "random":
+        raise ValueError(
+            f"niah_depths={config.niah_depths!r} applies to {', '.join(NIAH_TASKS)} only: drop "
+            f"--depths {config.niah_depths} or the tasks {', '.join(ruler)}"
+        )
 
 
 def plan_size(config: EvalConfig) -> int:

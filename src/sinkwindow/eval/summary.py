@@ -24,7 +24,7 @@ from .stats import (
     paired_sign_test,
     wilson_interval,
 )
-from .tasks import BABILONG_TASKS, HEADLINE_FAMILIES, NIAH_TASKS, TASKS
+from .tasks import BABILONG_TASKS, HEADLINE_FAMILIES, NIAH_TASKS, RULER_CATEGORIES, RULER_TASKS, TASKS
 from .window_split import window_split
 
 __all__ = [
@@ -84,7 +84,10 @@ def method_order(methods) -> list[str]:
 
 
 def _family_tasks(family: str) -> tuple[str, ...]:
-    """The tasks a report column averages (``babilong``: QA1-5); a task's own column is itself."""
+    """The tasks a report column averages (``babilong``: QA1-5, a RULER category: its tasks); a
+    task's own column is itself."""
+    if family in RULER_CATEGORIES:
+        return RULER_CATEGORIES[family]
     averaged = tuple(t.name for t in TASKS.values() if t.family == family and t.name != family)
     return averaged or (family,)
 
@@ -275,6 +278,8 @@ def summarize(
     families += [t for t in samples.by if t not in families]
     if any(t in BABILONG_TASKS for t in samples.by):
         families.append("babilong")
+    if any(t in RULER_TASKS for t in samples.by):  # RULER's categories, when more than S-NIAH ran
+        families += [c for c, members in RULER_CATEGORIES.items() if any(t in samples.by for t in members)]
     out: dict = {
         "accuracy": {},
         "accuracy_avg": {},

@@ -20,7 +20,7 @@ from .summary import (
     method_order,
     plain_mean,
 )
-from .tasks import BABILONG_TASKS, FAMILY_TITLES, HEADLINE_FAMILIES, NIAH_TASKS
+from .tasks import BABILONG_TASKS, FAMILY_TITLES, HEADLINE_FAMILIES, NIAH_TASKS, RULER_CATEGORIES, RULER_TASKS
 
 __all__ = ["markdown_report", "headline_sections", "length_label"]
 
@@ -483,7 +483,12 @@ def _task_sections(s: dict, plots: list[tuple[str, str]]) -> list[str]:
     lines += [f"![{t}]({f})" for t, f in plots if f.startswith("niah")] + [""]
     for family in HEADLINE_FAMILIES:
         # Tasks beyond S-NIAH and BABILong (LCC): their own section each.
-        if family in s["accuracy"] and family not in NIAH_TASKS and family != "babilong":
+        if (
+            family in s["accuracy"]
+            and family not in NIAH_TASKS
+            and family != "babilong"
+            and family not in RULER_CATEGORIES
+        ):
             lines += [f"## {FAMILY_TITLES[family]}", "", _accuracy_table(s, family), ""]
             lines += _recovery_lines(s, family)
     if "babilong" in s["accuracy"]:
@@ -504,6 +509,42 @@ def _task_sections(s: dict, plots: list[tuple[str, str]]) -> list[str]:
                 "</details>",
                 "",
             ]
+    return lines + _ruler_sections(s)
+
+
+def _ruler_sections(s: dict) -> list[str]:
+    """RULER's categories (retrieval, multi-hop tracing, aggregation), each its tasks' equal-weight
+    average per method and length, then each RULER-only task's own table folded out beneath."""
+    cats = [c for c in RULER_CATEGORIES if c in s["accuracy"]]
+    if not cats:
+        return []
+    lines = [
+        "## RULER by category",
+        "",
+        "Each category averages its tasks' scores (string_match_all: the share of the reference "
+        "values found in the answer, 0-100) with equal weight per task.",
+        "",
+    ]
+    for cat in cats:
+        members = [t for t in RULER_CATEGORIES[cat] if t in s["accuracy"]]
+        lines += [
+            f"### {FAMILY_TITLES[cat]}",
+            "",
+            f"Tasks: {', '.join(members)}.",
+            "",
+            _accuracy_table(s, cat),
+            "",
+        ]
+        lines += _recovery_lines(s, cat)
+    for t in (t for t in RULER_TASKS if t in s["accuracy"]):
+        lines += [
+            f"<details><summary>{FAMILY_TITLES[t]}</summary>",
+            "",
+            _accuracy_table(s, t),
+            "",
+            "</details>",
+            "",
+        ]
     return lines
 
 

@@ -49,7 +49,7 @@ NUM_CHAINS, NUM_HOPS = 1, 4
 ICL_LENGTH = 500  # RULER main(): the in-context example's max_seq_length (nothing generated)
 
 DEVIATIONS: tuple[str, ...] = (
-    "VT sizing: per-sample largest noise haystack (1-line steps) that fits, found by replaying the "
+    "sizing: per-sample largest noise haystack (1-line steps) that fits, found by replaying the "
     "sample's draws; RULER binary-searches one size on throw-away samples (consuming random state)",
 )
 

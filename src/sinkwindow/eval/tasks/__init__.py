@@ -11,6 +11,12 @@ Tasks:
     ``babilong_qa1`` .. ``babilong_qa5`` BABILong (greedy decoding, compare_answers, 0/100)
     ``lcc``                              LongBench-LCC-style next line of stdlib code (edit similarity
                                          0-100, exact match beside it); run only when named
+    ``niah_multikey_1/2/3``, ``niah_multivalue``, ``niah_multiquery``, ``vt``, ``cwe``, ``fwe``
+                                         RULER's other synthetic tasks (string_match_all, 0-100);
+                                         run only when named
+
+Groups: ``ppl``, ``niah`` (S-NIAH-1/2/3), ``babilong``, ``code`` and ``ruler`` (every RULER task,
+S-NIAH included).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from .base import Task
 from .lcc import LCC, LCC_ANSWER_TOKENS, LCC_MIN_LENGTH
 from .niah import NIAH, NIAH_ANSWER_TOKENS, NIAH_MIN_LENGTH
 from .ppl import PERPLEXITY, PPL_MIN_LENGTH
+from .ruler import RULER, RULER_CATEGORIES, RULER_CATEGORY_TITLES
 
 __all__ = [
     "Task",
@@ -27,6 +34,8 @@ __all__ = [
     "GROUPS",
     "ALL_TASKS",
     "DEFAULT_TASKS",
+    "RULER_TASKS",
+    "RULER_CATEGORIES",
     "NIAH_TASKS",
     "BABILONG_TASKS",
     "FAMILY_TITLES",
@@ -44,7 +53,7 @@ __all__ = [
     "LCC_MIN_LENGTH",
 ]
 
-TASKS: dict[str, Task] = {t.name: t for t in (PERPLEXITY, *NIAH, *BABILONG, LCC)}
+TASKS: dict[str, Task] = {t.name: t for t in (PERPLEXITY, *NIAH, *BABILONG, LCC, *RULER)}
 
 ALL_TASKS: tuple[str, ...] = tuple(TASKS)
 # What a run that names no tasks runs (EvalConfig's default, compare): the paper's protocol.
@@ -54,9 +63,15 @@ for _t in TASKS.values():
     GROUPS[_t.group] = (*GROUPS.get(_t.group, ()), _t.name)
 NIAH_TASKS = GROUPS["niah"]
 BABILONG_TASKS = GROUPS["babilong"]
-# Report columns of the accuracy tasks, in table order, and their titles.
+# The RULER-only tasks; the `ruler` group runs them after S-NIAH-1/2/3.
+RULER_TASKS = GROUPS["ruler"]
+GROUPS["ruler"] = (*NIAH_TASKS, *RULER_TASKS)
+# Report columns of the accuracy tasks, in table order, and their titles; RULER's categories
+# average their tasks (summary.py adds them when RULER-only rows are present).
 FAMILY_TITLES: dict[str, str] = {t.family: t.title for t in TASKS.values() if t.family != "ppl"}
-HEADLINE_FAMILIES: tuple[str, ...] = tuple(FAMILY_TITLES)
+FAMILY_TITLES.update(RULER_CATEGORY_TITLES)
+# The summary table's columns: a RULER-only task shows in its category, not in a column of its own.
+HEADLINE_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILY_TITLES if f not in RULER_TASKS)
 
 
 def get_task(name: str) -> Task:
@@ -68,7 +83,8 @@ def get_task(name: str) -> Task:
 
 
 def group_tasks(group: str) -> tuple[str, ...]:
-    """The tasks ``sinkwindow eval GROUP`` runs by default (``niah``: S-NIAH-1/2/3)."""
+    """The tasks ``sinkwindow eval GROUP`` runs by default (``niah``: S-NIAH-1/2/3; ``ruler``: all
+    of RULER's tasks)."""
     return GROUPS[group]
 
 

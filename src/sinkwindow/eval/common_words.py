@@ -55,13 +55,13 @@ DEVIATIONS: tuple[str, ...] = (
 @functools.cache
 def cwe_words(seed: int) -> tuple[str, ...]:
     """RULER's pool: ``sorted(set(nouns + adjs + verbs))`` shuffled by ``random.Random(seed)``."""
-    from .niah import _read_wonderwords_list
+    from .niah import read_wonderwords_list
 
     words = sorted(
         set(
-            _read_wonderwords_list("nounlist.txt")
-            + _read_wonderwords_list("adjectivelist.txt")
-            + _read_wonderwords_list("verblist.txt")
+            read_wonderwords_list("nounlist.txt")
+            + read_wonderwords_list("adjectivelist.txt")
+            + read_wonderwords_list("verblist.txt")
         )
     )
     random.Random(seed).shuffle(words)

@@ -54,6 +54,10 @@ __all__ = [
     "needle_tokens",
     "DEVIATIONS",
     "NEEDLE",
+    "fit_haystack",
+    "random_value",
+    "read_wonderwords_list",
+    "singularise",
     "TASKS",
     "TEMPLATE",
     "TOKENS_TO_GENERATE",
@@ -171,7 +175,7 @@ class _WordList(Sequence[str]):
         return words[local] if words is not None else root + self._nouns[local]
 
 
-def _read_wonderwords_list(name: str) -> list[str]:
+def read_wonderwords_list(name: str) -> list[str]:
     """Read a wonderwords asset like ``random_word._get_words_from_text_file`` (one word a line)."""
     try:
         text = resources.files("wonderwords.assets").joinpath(name).read_text(encoding="utf-8")
@@ -185,10 +189,10 @@ def _read_wonderwords_list(name: str) -> list[str]:
 @functools.cache
 def niah_words() -> _WordList:
     """Return RULER's key list: sorted unique ``"{adjective}-{noun}"`` from wonderwords' lists."""
-    return _WordList(_read_wonderwords_list("adjectivelist.txt"), _read_wonderwords_list("nounlist.txt"))
+    return _WordList(read_wonderwords_list("adjectivelist.txt"), read_wonderwords_list("nounlist.txt"))
 
 
-def _random_value(rng: random.Random, type_needle: str) -> str:
+def random_value(rng: random.Random, type_needle: str) -> str:
     """RULER ``generate_random``: one key or value of the given type."""
     if type_needle == "numbers":
         return str(rng.randint(10**6, 10**7 - 1))
@@ -199,7 +203,7 @@ def _random_value(rng: random.Random, type_needle: str) -> str:
     raise ValueError(f"unknown needle type {type_needle!r}")
 
 
-def _singularise(template: str) -> str:
+def singularise(template: str) -> str:
     """RULER's replacements for one query with one value, applied to the unformatted template."""
     template = template.replace("Some", "A")
     template = template.replace("are all", "is")
@@ -335,7 +339,7 @@ class _Builder:
         self.config = config
         template = model_template.format(task_template=TEMPLATE) + ANSWER_PREFIX
         # All three S-NIAH tasks have num_needle_q * num_needle_v == 1.
-        self.template = _singularise(template)
+        self.template = singularise(template)
         self.type_v_query = config.type_needle_v[:-1]
         if config.type_haystack == "essay":
             words = essay_words()
@@ -453,7 +457,7 @@ def generate_niah(
         size_text = functools.partial(builder.text, **draw)
         if guess is None:
             guess = estimate.largest_within(limit - count(size_text(0)), upper)
-        n, text, n_tokens = _fit(size_text, count, estimate, limit, guess, upper)
+        n, text, n_tokens = fit_haystack(size_text, count, estimate, limit, guess, upper)
         if n < 1:
             raise ValueError(
                 f"length={length} is too small for task {config.name}: the prompt with an empty "
@@ -498,8 +502,8 @@ def _draw_needle(rng: random.Random, config, index: int, num_samples: int, depth
     """One sample's needle in RULER's draw order: key, value, (the needle shuffle, a no-op for one
     needle), then the depth for essay haystacks (a noise haystack draws its line once its size is
     known). Returns ``({"key", "needle", "depth"}, value)``."""
-    key = _random_value(rng, config.type_needle_k)
-    value = _random_value(rng, config.type_needle_v)
+    key = random_value(rng, config.type_needle_k)
+    value = random_value(rng, config.type_needle_v)
     needle = NEEDLE.format(type_needle_v=config.type_needle_v, key=key, value=value)
     depth = rng.sample(DEPTHS, 1)[0] if config.type_haystack == "essay" else 0
     if depths == "stratified" and config.type_haystack == "essay":
@@ -551,7 +555,7 @@ def needle_tokens(tokenizer: Any, text: str, value: str, *, add_special_tokens: 
     return hits[0], hits[-1] + 1
 
 
-def _fit(
+def fit_haystack(
     build: Callable[[int], str],
     count: Callable[[str], int],
     estimate: _HaystackEstimate,

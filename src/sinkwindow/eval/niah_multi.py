@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .haystack import PrefixSentences, essay_words, split_sentences
-from .niah import ANSWER_PREFIX, DEPTHS, NEEDLE, TEMPLATE, _random_value, _singularise
+from .niah import ANSWER_PREFIX, DEPTHS, NEEDLE, TEMPLATE, random_value, singularise
 from .ruler_common import RulerSample, Streams, size_sample, split_answer_prefix
 
 __all__ = ["MultiNiahTask", "TASKS", "DEVIATIONS", "generate_niah_multi"]
@@ -96,10 +96,10 @@ def _needles(rng: random.Random, config: MultiNiahTask, seed: int):
     """Keys, their values and the needle sentences, in RULER's draw order, needles shuffled."""
     keys, values, needles = [], [], []
     for _ in range(max(config.num_needle_k, config.num_needle_q)):
-        keys.append(_random_value(rng, config.type_needle_k))
+        keys.append(random_value(rng, config.type_needle_k))
         value = []
         for _ in range(config.num_needle_v):
-            value.append(_random_value(rng, config.type_needle_v))
+            value.append(random_value(rng, config.type_needle_v))
             needles.append(NEEDLE.format(type_needle_v=config.type_needle_v, key=keys[-1], value=value[-1]))
         values.append(value)
     random.Random(seed).shuffle(needles)  # RULER: a fresh generator, the same permutation each sample
@@ -121,8 +121,8 @@ def _context(rng: random.Random, config: MultiNiahTask, needles: list[str], n: i
     lines = [
         NEEDLE.format(
             type_needle_v=config.type_needle_v,
-            key=_random_value(rng, config.type_needle_k),
-            value=_random_value(rng, config.type_needle_v),
+            key=random_value(rng, config.type_needle_k),
+            value=random_value(rng, config.type_needle_v),
         )
         for _ in range(n)
     ]
@@ -143,7 +143,7 @@ def _generate(streams: Streams, n: int, *, config: MultiNiahTask, seed: int, ess
     query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
     template, type_v = TEMPLATE + ANSWER_PREFIX, config.type_needle_v
     if config.num_needle_q * config.num_needle_v == 1:
-        template, type_v = _singularise(template), type_v[:-1]
+        template, type_v = singularise(template), type_v[:-1]
     text = template.format(type_needle_v=type_v, context=context, query=query)
     # The needles of the queried keys: what the answer needs.
     wanted = [

@@ -112,7 +112,7 @@ def size_sample(
     Raises:
         ValueError: if even ``smallest`` overflows ``limit``.
     """
-    from .niah import _fit  # the search S-NIAH uses: exact counts steered by an estimate
+    from .niah import fit_haystack  # the search S-NIAH uses: exact counts steered by an estimate
 
     def build(m: int) -> str:
         return generate(streams.clone(), smallest + m)[0]
@@ -120,7 +120,7 @@ def size_sample(
     estimate = LinearEstimate(lambda m: count(build(m)), probe)
     upper = max(1, 2 * limit + 16)
     start = estimate.largest_within(limit, upper) if guess is None else max(0, guess - smallest)
-    m, text, tokens = _fit(build, count, estimate, limit, start, upper)
+    m, text, tokens = fit_haystack(build, count, estimate, limit, start, upper)
     if tokens > limit:
         raise ValueError(f"{tokens} prompt tokens at the smallest size {smallest} exceed the budget {limit}")
     final, extra = generate(streams, smallest + m)

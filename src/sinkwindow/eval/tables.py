@@ -432,6 +432,11 @@ def markdown_report(
             if "lcc" in s["accuracy"]
             else ""
         )
+        + (
+            "; RULER's multi-answer tasks score the share of their reference values found, 0-100"
+            if any(c in s["accuracy"] for c in RULER_CATEGORIES)
+            else ""
+        )
         + "; recovery = method ÷ full attention.",
         "",
         "Every number has a 95% interval in brackets and its n: Wilson for one task at one length (a "

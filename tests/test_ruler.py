@@ -3,6 +3,7 @@ word frequencies, the random stream, token budgets, scoring, the ``ruler`` group
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import string
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("wonderwords")
 
-from sinkwindow.eval import common_words, freq_words, niah_multi, variable_tracking  # noqa: E402
+from sinkwindow.eval import common_words, freq_words, niah_multi, ruler_qa, variable_tracking  # noqa: E402
 from sinkwindow.eval.niah import (  # noqa: E402
     DEPTHS,
     random_value,
@@ -405,3 +406,91 @@ def test_the_report_averages_ruler_categories_with_equal_task_weight():
     # Without RULER-only rows the report is what it was: no categories.
     plain = summarize(rows("niah_single_1", [100, 0]), n_boot=50)
     assert not any(k.startswith("ruler_") for k in plain["accuracy"])
+
+
+# Question answering on given data (qa_1 SQuAD, qa_2 HotpotQA)
+
+
+def _squad(tmp_path):
+    """A SQuAD 2.0-shaped file: 4 articles of 3 paragraphs, 2 answerable questions and 1 impossible each."""
+    data = []
+    for a in range(4):
+        paragraphs = []
+        for p in range(3):
+            city = f"City{a}{p}"
+            context = f"Article {a} paragraph {p}. The museum of {city} opened in {1900 + 10 * a + p}. " * 3
+            qas = [
+                {"question": f"When did the museum of {city} open?", "is_impossible": False,
+                 "answers": [{"text": str(1900 + 10 * a + p)}, {"text": f"in {1900 + 10 * a + p}"}]},
+                {"question": f"Who founded {city}?", "is_impossible": True, "answers": []},
+                {"question": f"What is paragraph {p} of article {a} about?", "is_impossible": False,
+                 "answers": [{"text": city}]},
+            ]  # fmt: skip
+            paragraphs.append({"context": context, "qas": qas})
+        data.append({"title": f"A{a}", "paragraphs": paragraphs})
+    (tmp_path / "squad.json").write_text(json.dumps({"data": data}))
+    return tmp_path
+
+
+def _hotpot(tmp_path):
+    """A HotpotQA-shaped file: 3 questions of 4 titled paragraphs, 2 of them supporting."""
+    data = []
+    for q in range(3):
+        context = [
+            [f"Title {q}-{d}", [f"Sentence one of {q}-{d}. ", f"Fact {q * 10 + d}."]] for d in range(4)
+        ]
+        data.append({"question": f"Which fact joins {q}-0 and {q}-2?", "answer": f"Fact {q * 10 + 2}",
+                     "context": context, "supporting_facts": [[f"Title {q}-0", 0], [f"Title {q}-2", 1]]})  # fmt: skip
+    (tmp_path / "hotpotqa.json").write_text(json.dumps(data))
+    return tmp_path
+
+
+def test_qa_reads_rulers_files_and_draws_its_documents(tmp_path, tokenizer):
+    folder = str(_squad(tmp_path))
+    qas, docs = ruler_qa.read_qa("qa_1", folder)
+    assert len(qas) == 4 * 3 * 2 and docs == sorted(docs) and len(docs) == 12  # impossible ones dropped
+    samples = ruler_qa.generate_qa("qa_1", folder, tokenizer, 512, 3, seed=1)
+    rng = random.Random(1)
+    for i, s in enumerate(samples):
+        qa = qas[i]
+        assert s.outputs == qa["outputs"] and s.prompt.endswith(f"Question: {qa['query']}")
+        assert s.answer_prefix == " Answer:" and s.n_prompt_tokens == n_tokens(tokenizer, s.text) <= 512 - 32
+        # RULER: the gold paragraph, the article's others, then random others; one shuffle by Random(seed).
+        gold, more = qa["context"], qa["more_context"]
+        n = s.num_haystack
+        assert n < len(docs)  # 512 tokens hold some of the 12 paragraphs, not all
+        if n - len(gold) > len(more):
+            rest = [j for j in range(len(docs)) if j not in gold + more]
+            chosen = gold + more + rng.sample(rest, n - len(gold) - len(more))
+        else:
+            chosen = gold + rng.sample(more, n - len(gold))
+        texts = [docs[j] for j in chosen]
+        random.Random(1).shuffle(texts)
+        context = "\n\n".join(f"Document {k + 1}:\n{d}" for k, d in enumerate(texts))
+        assert s.text == (ruler_qa.TEMPLATE + ruler_qa.ANSWER_PREFIX).format(
+            context=context, query=qa["query"]
+        )
+        assert [s.text[a:b].split("\n", 1)[1] for a, b in s.evidence] == [docs[gold[0]]]
+    # string_match_part: any one reference is enough.
+    task = TASKS["qa_1"]
+    config = EvalConfig(model="m", tasks=["qa_1"], lengths=[512], samples=1, ruler_qa_data=folder)
+    ids, cap, finish = task.prepare(tokenizer, samples[0], config)
+    row = finish(f" {samples[0].outputs[-1]} and more")
+    assert cap == 32 and row["score"] == 100.0 and row["metric"] == "string_match_part"
+    assert finish(" no idea")["score"] == 0.0
+
+
+def test_hotpotqa_evidence_is_the_supporting_paragraphs(tmp_path, tokenizer):
+    folder = str(_hotpot(tmp_path))
+    s = ruler_qa.generate_qa("qa_2", folder, tokenizer, 2048, 2, seed=3)[1]
+    assert s.outputs == ["Fact 12"] and s.prompt.count("Document ") == s.num_haystack >= 4
+    titles = [s.text[a:b].split("\n")[1] for a, b in s.evidence]
+    assert set(titles) == {"Title 1-0", "Title 1-2"}  # every copy (RULER repeats a pool too small)
+    assert len(titles) == s.text.count(":\nTitle 1-0\n") + s.text.count(":\nTitle 1-2\n")
+
+
+def test_qa_without_data_is_refused_in_one_line_naming_the_flag(tmp_path):
+    with pytest.raises(ValueError, match="give --ruler-qa-data DIR"):
+        EvalConfig(model="m", tasks=["qa_2"], lengths=[2048])
+    with pytest.raises(ValueError, match="qa_2 needs .*hotpotqa.json: put RULER's hotpotqa.json"):
+        EvalConfig(model="m", tasks=["qa_2"], lengths=[2048], ruler_qa_data=str(_squad(tmp_path)))

@@ -12,7 +12,7 @@ from sinkwindow.eval.tasks import TASKS, get_task
 
 def test_registry_names_every_task_once_with_its_group_and_report_column():
     ruler_only = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "niah_multivalue",
-                  "niah_multiquery", "vt", "cwe", "fwe")  # fmt: skip
+                  "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2")  # fmt: skip
     assert ("ppl", "niah_single_1", "niah_single_2", "niah_single_3",
                                *(f"babilong_qa{i}" for i in range(1, 6)), "lcc", *ruler_only) == tasks.ALL_TASKS  # fmt: skip
     assert {"ppl": ("ppl",), "niah": tasks.NIAH_TASKS, "babilong": tasks.BABILONG_TASKS,
@@ -26,7 +26,7 @@ def test_registry_names_every_task_once_with_its_group_and_report_column():
     assert all(TASKS[t].family == t for t in ruler_only)
     # The summary table shows RULER's categories, not a column per RULER-only task.
     assert tasks.HEADLINE_FAMILIES == ("niah_single_1", "niah_single_2", "niah_single_3", "babilong", "lcc",
-                                       "ruler_retrieval", "ruler_multihop", "ruler_aggregation")  # fmt: skip
+                                       "ruler_retrieval", "ruler_multihop", "ruler_aggregation", "ruler_qa")  # fmt: skip
     assert sorted(t for c in tasks.RULER_CATEGORIES.values() for t in c) == sorted(tasks.GROUPS["ruler"])
     with pytest.raises(ValueError, match="unknown task 'niah_single_4'; choose from ppl, niah_single_1"):
         get_task("niah_single_4")

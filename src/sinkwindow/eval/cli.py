@@ -103,6 +103,16 @@ def _task_list(family: str):
     return parse
 
 
+def _add_ruler_qa_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ruler-qa-data",
+        type=cli_args.existing_dir("--ruler-qa-data"),
+        default=None,
+        help="folder with RULER's squad.json (SQuAD 2.0 dev) and/or hotpotqa.json (HotpotQA dev, "
+        "distractor) for qa_1 / qa_2; nothing is downloaded",
+    )
+
+
 def _compare_tasks(text: str) -> list[str]:
     """``compare --tasks``: task names and groups (``niah``, ``babilong``, ``ppl``, ``code``, ``ruler``),
     commas between."""
@@ -239,6 +249,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     args.source_diff = _source_diff(args)
 
     tasks = args.tasks or list(group_tasks(args.family))
+    if not args.tasks and getattr(args, "ruler_qa_data", None) is None:
+        from .tasks import RULER_QA
+
+        if any(t in RULER_QA for t in tasks):
+            tasks = [t for t in tasks if t not in RULER_QA]
+            print(
+                f"note: {', '.join(RULER_QA)} left out: they run on RULER's QA data, give --ruler-qa-data DIR",
+                file=sys.stderr,
+            )
     methods, checkpoints = resolve.resolve_checkpoints(args.checkpoint, args.methods)
     _check_units(args.model, methods)
     device, device_map = resolve.resolve_placement(args.device, args.device_map)
@@ -260,6 +279,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         checkpoints=checkpoints,
         babilong_facts=getattr(args, "babilong_facts", "real"),
         babilong_data=getattr(args, "babilong_data", None),
+        ruler_qa_data=getattr(args, "ruler_qa_data", None),
         device=device,
         device_map=device_map,
         dtype=args.dtype,
@@ -400,6 +420,7 @@ def _compare_config(args: argparse.Namespace, size: str):
         checkpoints=checkpoints,
         babilong_facts=args.babilong_facts,
         babilong_data=args.babilong_data,
+        ruler_qa_data=args.ruler_qa_data,
         device=device,
         device_map=device_map,
         dtype=args.dtype,
@@ -602,6 +623,8 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                 "(default: %(default)s, as RULER)",
             )
             _add_depths(q)
+        if family == "ruler":
+            _add_ruler_qa_data(q)
         if family == "babilong":
             _add_babilong_facts(q)
         cli_args.add_out(q, required=True, help="run folder (resumes if it exists)")
@@ -637,6 +660,7 @@ def _register_compare(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="samples per task and length, instead of the size's",
     )
+    _add_ruler_qa_data(p)
     p.add_argument(
         "--tasks",
         type=_compare_tasks,

@@ -22,9 +22,10 @@ In (the keys of the settings dict):
   in the same dtype, and offloaded weights are copied in unchanged).
 - ``chunk_size``, ``native_sliding``, ``seed``.
 - ``sinkwindow``: the version that generated the samples and scored them.
-- Task parameters, applying only to rows of their tasks: ``niah_max_new_tokens`` (S-NIAH),
-  ``babilong_facts``, ``babilong_data`` (``folder:<hex>`` of its file names and sizes, or
-  ``None``), ``babilong_chat`` (BABILong), ``ppl_bucket`` (perplexity).
+- Task parameters, applying only to rows of their tasks: ``niah_max_new_tokens`` (S-NIAH and
+  RULER's other NIAH tasks), ``babilong_facts``, ``babilong_data`` (``folder:<hex>`` of its file
+  names and sizes, or ``None``), ``babilong_chat`` (BABILong), ``ruler_qa_data`` (RULER QA, like
+  ``babilong_data``), ``ppl_bucket`` (perplexity).
 - ``checkpoint[M]``: ``sha256:<hex>`` of the trained checkpoint of linear baseline ``M``, explicit
   or shipped (``M``'s rows only).
 

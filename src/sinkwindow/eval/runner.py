@@ -46,7 +46,7 @@ from .scheduler import (
     SerialScheduler,
     make_scheduler,
 )
-from .tasks import ALL_TASKS, DEFAULT_TASKS, NIAH_TASKS, RULER_TASKS, TASKS, deviations
+from .tasks import ALL_TASKS, DEFAULT_TASKS, NIAH_TASKS, RULER_QA, RULER_TASKS, TASKS, deviations
 
 __all__ = [
     "EvalConfig",
@@ -72,8 +72,10 @@ class EvalConfig:
 
     Attributes:
         tasks: the tasks to run (default: ``tasks.DEFAULT_TASKS``, the paper's; ``lcc`` and the
-            RULER-only tasks, ``niah_multikey_1`` .. ``fwe``, run when named).
+            RULER-only tasks, ``niah_multikey_1`` .. ``fwe``, ``qa_1``, ``qa_2``, run when named).
         lengths: token budgets for NIAH, RULER, BABILong and LCC (BABILong ``0`` means 0K: facts only).
+        ruler_qa_data: folder with RULER's ``squad.json`` / ``hotpotqa.json`` for ``qa_1`` / ``qa_2``
+            (nothing is downloaded); in the fingerprint of those rows only, as a folder identity.
         ppl_lengths: window lengths for perplexity.
         samples: samples per (task, length); ``ppl_windows`` essay windows per perplexity length.
         niah_max_new_tokens: decoding cap for NIAH. RULER decodes up to 128 tokens (and the haystack
@@ -134,6 +136,7 @@ class EvalConfig:
     ppl_bucket: int = 128
     babilong_facts: str = "real"
     babilong_data: str | None = None
+    ruler_qa_data: str | None = None
     dtype: str | None = None
     device: str | None = None
     device_map: str | dict | None = None
@@ -215,6 +218,18 @@ def _check_ruler(config: EvalConfig) -> None:
             raise ValueError(
                 f"task {task} needs a length >= {least}, got {config.lengths}: add one or drop the task"
             )
+    qa = [t for t in ruler if t in RULER_QA]
+    if qa and config.ruler_qa_data is None:
+        raise ValueError(
+            f"{', '.join(qa)} need RULER's QA data: give --ruler-qa-data DIR (squad.json, hotpotqa.json), "
+            f"or drop the task(s)"
+        )
+    if qa:
+        from .ruler_qa import read_qa
+
+        config.ruler_qa_data = str(config.ruler_qa_data)
+        for task in qa:
+            read_qa(task, config.ruler_qa_data)  # a one-line error now, not after the model loads
     if ruler and config.niah_depths != "random":
         raise ValueError(
             f"niah_depths={config.niah_depths!r} applies to {', '.join(NIAH_TASKS)} only: drop "

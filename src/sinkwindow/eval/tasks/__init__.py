@@ -14,9 +14,10 @@ Tasks:
     ``niah_multikey_1/2/3``, ``niah_multivalue``, ``niah_multiquery``, ``vt``, ``cwe``, ``fwe``
                                          RULER's other synthetic tasks (string_match_all, 0-100);
                                          run only when named
+    ``qa_1``, ``qa_2``                   RULER's SQuAD / HotpotQA QA on given data (string_match_part)
 
 Groups: ``ppl``, ``niah`` (S-NIAH-1/2/3), ``babilong``, ``code`` and ``ruler`` (every RULER task,
-S-NIAH included).
+S-NIAH included; ``eval ruler`` leaves QA out unless ``--ruler-qa-data`` is given).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .base import Task
 from .lcc import LCC, LCC_ANSWER_TOKENS, LCC_MIN_LENGTH
 from .niah import NIAH, NIAH_ANSWER_TOKENS, NIAH_MIN_LENGTH
 from .ppl import PERPLEXITY, PPL_MIN_LENGTH
-from .ruler import RULER, RULER_CATEGORIES, RULER_CATEGORY_TITLES
+from .ruler import RULER, RULER_CATEGORIES, RULER_CATEGORY_TITLES, RULER_QA
 
 __all__ = [
     "Task",
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_TASKS",
     "RULER_TASKS",
     "RULER_CATEGORIES",
+    "RULER_QA",
     "NIAH_TASKS",
     "BABILONG_TASKS",
     "FAMILY_TITLES",

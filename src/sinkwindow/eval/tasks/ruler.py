@@ -5,8 +5,10 @@ multi-query NIAH, variable tracking, common and frequent words (the samples: ``e
 Every row keeps the exact text the model read (``prompt``: RULER's input and answer prefix, before
 the tokenizer's special tokens) and, where the answer needs particular lines, ``evidence_tokens``:
 their ``[start, end)`` among the prompt's ids (the needles of the queried keys, the chain's five
-assignments). Common and frequent words are aggregation tasks: every occurrence of a word is
-evidence, so their rows record none.
+assignments, the gold documents of a QA question). Common and frequent words are aggregation
+tasks: every occurrence of a word is evidence, so their rows record none. QA (``qa_1`` SQuAD,
+``qa_2`` HotpotQA, ``eval/ruler_qa.py``) runs on data the user gives (``--ruler-qa-data``) and is
+scored by ``string_match_part``, as RULER scores it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from dataclasses import dataclass
 
 from .base import Prepared, Task
 
-__all__ = ["RulerTask", "RULER", "RULER_CATEGORIES", "RULER_CATEGORY_TITLES"]
+__all__ = ["RulerTask", "RULER", "RULER_QA", "RULER_CATEGORIES", "RULER_CATEGORY_TITLES"]
 
 _GENERATORS = {
     "niah_multi": ("niah_multi", "generate_niah_multi"),
     "vt": ("variable_tracking", "generate_vt"),
     "cwe": ("common_words", "generate_cwe"),
     "fwe": ("freq_words", "generate_fwe"),
+    "qa": ("ruler_qa", "generate_qa"),
 }
 
 
@@ -44,6 +47,13 @@ class RulerTask(Task):
         return [n for n in config.lengths if n >= self.min_length]
 
     def settings(self, config) -> dict:
+        if self.source == "qa":
+            from pathlib import Path
+
+            from ..fingerprint import folder_identity
+
+            data = config.ruler_qa_data
+            return {"ruler_qa_data": None if data is None else folder_identity(Path(data))}
         return {"niah_max_new_tokens": config.niah_max_new_tokens} if self._capped() else {}
 
     def deviations(self, config) -> list[str]:
@@ -87,21 +97,26 @@ class RulerTask(Task):
         generate = getattr(importlib.import_module(f"sinkwindow.eval.{module_name}"), function)
         if self.source == "niah_multi":
             return generate(self.name, tokenizer, length, config.samples, seed=config.seed)
+        if self.source == "qa":
+            return generate(
+                self.name, config.ruler_qa_data, tokenizer, length, config.samples, seed=config.seed
+            )
         return generate(tokenizer, length, config.samples, seed=config.seed)
 
     def prepare(self, tokenizer, sample, config) -> Prepared:
         from ..decoding import encode_prompt
-        from ..niah import ruler_string_match_all
+        from ..niah import ruler_string_match_all, ruler_string_match_part
         from ..ruler_common import token_spans
 
         ids = encode_prompt(tokenizer, sample.text, chat_wrapped=False)
         spans = token_spans(tokenizer, sample.text, sample.evidence, add_special_tokens=True)
         cap = self._cap(config, tokenizer, sample.outputs)
+        match = ruler_string_match_part if self.metric == "string_match_part" else ruler_string_match_all
 
         def finish(pred: str) -> dict:
             row = {
-                "score": ruler_string_match_all(pred, sample.outputs),
-                "metric": "string_match_all",
+                "score": match(pred, sample.outputs),
+                "metric": self.metric,
                 "prediction": pred,
                 "answer": list(sample.outputs),
                 "n_prompt_tokens": int(ids.shape[1]),
@@ -140,7 +155,11 @@ RULER = (
     _task("vt", "RULER VT (variable tracking, 1 chain of 4 hops)", 1024, "vt", 30, ()),
     _task("cwe", "RULER CWE (10 most common words)", 1024, "cwe", 120, ()),
     _task("fwe", "RULER FWE (3 most frequent coded words)", 512, "fwe", 50, ()),
+    _task("qa_1", "RULER QA-1 (SQuAD, given data)", 512, "qa", 32, ("ruler_qa_data",), "string_match_part"),
+    _task("qa_2", "RULER QA-2 (HotpotQA, given data)", 2048, "qa", 32, ("ruler_qa_data",), "string_match_part"),
 )  # fmt: skip
+# The tasks that read user-given data (--ruler-qa-data); the `ruler` group runs them when it is given.
+RULER_QA = ("qa_1", "qa_2")
 
 # The report's RULER categories (RULER's own grouping): each averages its tasks per method and length.
 RULER_CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -148,9 +167,11 @@ RULER_CATEGORIES: dict[str, tuple[str, ...]] = {
                         *(t.name for t in RULER if t.source == "niah_multi")),
     "ruler_multihop": ("vt",),
     "ruler_aggregation": ("cwe", "fwe"),
+    "ruler_qa": RULER_QA,
 }  # fmt: skip
 RULER_CATEGORY_TITLES: dict[str, str] = {
     "ruler_retrieval": "RULER retrieval (niah_*, average)",
     "ruler_multihop": "RULER multi-hop tracing (vt)",
     "ruler_aggregation": "RULER aggregation (cwe, fwe, average)",
+    "ruler_qa": "RULER question answering (qa_1, qa_2, average)",
 }

@@ -169,6 +169,15 @@ def test_multi_needle_structure_and_evidence(task, tokenizer):
     assert n_tokens(tokenizer, s.text) == s.n_prompt_tokens
 
 
+@pytest.mark.parametrize("task", ["niah_multikey_2", "vt", "cwe", "fwe"])
+def test_sample_i_is_the_same_however_many_samples_are_drawn(task, tokenizer):
+    # The fingerprint's promise (a resumed run with more samples keeps the rows it has).
+    config = EvalConfig(model="m", tasks=[task], lengths=[2048], samples=3)
+    three = TASKS[task].build_samples(tokenizer, 2048, config)
+    config.samples = 2
+    assert TASKS[task].build_samples(tokenizer, 2048, config) == three[:2]
+
+
 def test_a_length_too_small_for_the_template_is_refused_in_one_line(tokenizer):
     with pytest.raises(ValueError, match="length=200 is too small for task niah_multivalue"):
         niah_multi.generate_niah_multi("niah_multivalue", tokenizer, 200, 1)

@@ -526,8 +526,9 @@ def _ruler_sections(s: dict) -> list[str]:
     lines = [
         "## RULER by category",
         "",
-        "Each category averages its tasks' scores (string_match_all: the share of the reference "
-        "values found in the answer, 0-100) with equal weight per task.",
+        "Each category averages its tasks' scores with equal weight per task (RULER's metrics: "
+        "string_match_all, the share of the reference values found in the answer, 0-100; for QA "
+        "string_match_part, 100 when any reference answer is found).",
         "",
     ]
     for cat in cats:

@@ -30,6 +30,8 @@ from sinkwindow.serve.text import IncrementalDecoder, StopMatcher  # noqa: E402
 
 SPEC = "swa:8:2"
 CHUNK = 5
+BLOCK = 3  # pool blocks of 3 tokens: W = 8 spans three, the last one partly
+POOL = 2**20  # bytes of KV pool (the default, a share of free RAM, is far more than tests need)
 
 
 def _call(method: str, url: str, body: bytes | dict | list | None = None) -> tuple[int, dict]:
@@ -79,7 +81,8 @@ def served(tmp_path_factory):
 
     folder = make_tiny_folder(tmp_path_factory.mktemp("serve"))
     model, tok = sinkwindow.load(str(folder), method=SPEC)
-    engine = Engine(model, max_active=4, max_queue=2, chunk_size=CHUNK, sessions=SessionStore(max_sessions=2))
+    engine = Engine(model, max_active=4, max_queue=2, chunk_size=CHUNK, sessions=SessionStore(max_sessions=2),
+                    block_size=BLOCK, kv_budget=POOL)  # fmt: skip
     server = Server(build_app(engine, tok, ["tiny"], max_prompt_tokens=400))
     yield server, model, tok, engine
     server.stop()
@@ -144,14 +147,16 @@ def test_concurrent_requests_each_equal_their_one_at_a_time_answer(served):
     assert served[3].peak_batch >= 2  # they did decode together, as rows of one forward
 
 
-@pytest.mark.parametrize("spec", ["swa:8:2+full:1", "evict:8:2"])
+@pytest.mark.parametrize("spec", ["swa:8:2+full:1", "evict:8:2", "full", "swa:8:2:cache"])
 def test_the_engine_without_a_decode_batch_or_with_a_dense_prompt_gives_generate_tokens(spec, tmp_path):
-    """A hybrid decodes each request alone; evict:W:S prefills its prompt dense. Same tokens either way."""
+    """A hybrid and full attention decode each request alone; evict:W:S prefills its prompt dense; cache
+    positions rotate the pool's keys per forward. Same tokens either way."""
     from conftest import make_tiny_folder
 
     model, tok = sinkwindow.load(str(make_tiny_folder(tmp_path)), method=spec)
-    engine = Engine(model, chunk_size=CHUNK).start()
-    assert engine.batched == (spec == "evict:8:2")
+    engine = Engine(model, chunk_size=CHUNK, kv_budget=POOL).start()
+    assert engine.batched == (spec in ("evict:8:2", "swa:8:2:cache"))
+    assert (engine.pool is not None) == (spec != "swa:8:2+full:1")  # full attention draws from the pool too
     try:
         jobs, out = [], {}
         done = threading.Semaphore(0)
@@ -262,10 +267,10 @@ def test_a_session_continues_its_cache_and_stays_within_the_window(served):
     assert _ids(r2) == full[0, len(stream) :].tolist()
     info = r2.model_extra["sinkwindow"]["session"]
     assert info["turns"] == 2 and info["tokens"] == len(stream) + len(_ids(r2)) - 1
-    # Its cache is one ring buffer of W slots per layer (the decode batch's layout), whatever its length.
-    window = sinkwindow.parse_spec(SPEC).window
+    # Its memory is the pool blocks W tokens reach in every layer (ceil(8 / 3) = 3), whatever its length.
     session = engine.sessions._sessions["anonymous/a"]  # kept per API key (here none)
-    assert max(sinkwindow.cache.cache_lengths(session.cache)) <= window and engine.batched
+    assert [len(t) for t in session.kv_row.tables] == [3] * model.config.num_hidden_layers and engine.batched
+    assert info["kv_cache_bytes"] == session.kv_row.blocks * engine.pool.block_bytes
 
 
 def test_idle_sessions_beyond_the_limit_are_evicted_and_named(served):
@@ -278,6 +283,34 @@ def test_idle_sessions_beyond_the_limit_are_evicted_and_named(served):
     assert any("--max-sessions 2" in e["reason"] for e in listing["evicted"])
     assert _call("DELETE", f"{server.url}/v1/sessions/z")[1]["deleted"] is True
     assert _call("DELETE", f"{server.url}/v1/sessions/z")[0] == 404
+
+
+def test_health_reports_the_kv_pool_and_a_request_it_can_never_hold_gets_400(tmp_path):
+    from conftest import make_tiny_folder
+
+    model, tok = sinkwindow.load(str(make_tiny_folder(tmp_path)), method="full")
+    layers = model.config.num_hidden_layers
+    from sinkwindow.kv_pool import block_bytes as _block_bytes
+    from sinkwindow.paged_cache import pool_shape
+
+    shape = pool_shape(model)
+    block_bytes = _block_bytes(shape["kv_heads"], shape["head_dim"], 4, shape["dtype"])
+    engine = Engine(
+        model, chunk_size=CHUNK, block_size=4, kv_budget=(8 * layers + 1) * block_bytes
+    )  # 32 tokens
+    server = Server(build_app(engine, tok, ["tiny"]))
+    try:
+        health = _call("GET", f"{server.url}/health")[1]
+        assert health["kv_pool"] and health["pool_blocks"] == 8 * layers and health["pool_blocks_used"] == 0
+        assert health["pool_bytes"] == 8 * layers * block_bytes and health["pool_block_tokens"] == 4
+        with pytest.raises(openai.BadRequestError, match="more than the pool's") as err:
+            server.client.completions.create(model="tiny", prompt=_prompt(30), max_tokens=5)
+        assert err.value.code == "kv_pool_full"
+        r = server.client.completions.create(model="tiny", prompt=_prompt(20), max_tokens=5, temperature=0)
+        assert _ids(r) == _reference(model, tok, _prompt(20), 5)
+        assert _call("GET", f"{server.url}/health")[1]["pool_blocks_used"] == 0
+    finally:
+        server.stop()
 
 
 def test_incremental_text_and_stop_strings():
@@ -306,7 +339,7 @@ def test_serve_answers_sigterm_by_exiting_cleanly(tiny_folder):
     sock.close()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sinkwindow.cli", "serve", "--model", str(tiny_folder), "--method", SPEC,
-         "--port", str(port), "--threads", "1"],
+         "--port", str(port), "--threads", "1", "--kv-budget", "1MiB"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -346,7 +379,8 @@ def test_smollm2_answers_the_openai_client_streamed(tmp_path):
     args = argparse.Namespace(
         model="smollm2-135m", method="swa:1024:4", checkpoint=None, device="cpu", dtype="float32", threads=None,
         host="127.0.0.1", api_key=None, allow_unauthenticated=False, max_request_bytes=1 << 20,
-        max_active=2, max_queue=4, chunk_size=512, max_sessions=4, kv_budget=None, served_model_name=None,
+        max_active=2, max_queue=4, chunk_size=512, max_sessions=4, kv_budget=128 * 2**20, kv_block_size=16,
+        served_model_name=None,
         max_prompt_tokens=None,
     )  # fmt: skip
     from sinkwindow.serve.cli import serve_app

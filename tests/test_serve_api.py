@@ -344,7 +344,8 @@ def test_text_plain_bad_host_and_bad_session_ids_are_refused(api):
 
 def _args(folder, **kw) -> argparse.Namespace:
     base = dict(model=str(folder), method=SPEC, checkpoint=None, device="cpu", dtype="float32", threads=None,
-                max_active=2, max_queue=4, chunk_size=CHUNK, max_sessions=4, kv_budget=None, served_model_name=None,
+                max_active=2, max_queue=4, chunk_size=CHUNK, max_sessions=4, kv_budget=None, kv_block_size=16,
+                served_model_name=None,
                 max_prompt_tokens=None, host="127.0.0.1", api_key=None, allow_unauthenticated=False,
                 max_request_bytes=1 << 20)  # fmt: skip
     return argparse.Namespace(**{**base, **kw})

@@ -41,6 +41,7 @@ from . import flex, hybrid
 from .attributes import CACHE_FACTORY_ATTR, HYBRID_ATTR, RETROFIT_ATTR
 from .cache import SinkWindowCache
 from .masks import sinkwindow_eager_mask, sinkwindow_sdpa_mask, token_positions
+from .paged_cache import PagedFullCache, PagedSinkWindowCache
 from .plan import PLAN_ATTR, AttentionPlan, bind, plan_of, unbind
 from .probe import probe_routing
 from .rope import rope_for_model
@@ -709,7 +710,7 @@ def _restore(model: PreTrainedModel) -> None:
     model.__dict__.pop(HYBRID_ATTR, None)
 
 
-def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
+def make_cache(model: PreTrainedModel, *, static: bool = False, pool=None, rows=None) -> Cache:
     """A cache for the model's active spec.
 
     For ``swa``/``evict`` a ``SinkWindowCache`` whose layers never persist more than w - 1 keys
@@ -718,15 +719,24 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
     Args:
         static: a ``StaticSinkWindowCache`` of fixed-shape ring buffers (``w`` slots a layer, allocated
             on the first forward) for ``torch.compile``d decoding.
+        pool, rows: a ``paged_cache.PagedSinkWindowCache`` whose layers store ``rows`` (``kv_pool.PoolRow``,
+            one per batch row) in blocks of ``pool`` (``kv_pool.KVPool``): what serving runs on. For
+            ``full``, a ``paged_cache.PagedFullCache`` of one row.
     """
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"make_cache takes a transformers PreTrainedModel, got {type(model).__name__}")
     factory = getattr(model, CACHE_FACTORY_ATTR, None)
+    if factory is not None and pool is not None:
+        raise ValueError("a linear-attention retrofit keeps a constant state of its own: it takes no KV pool")
     if factory is not None:
         # Converted models (the linear baselines) bring their own constant-size cache.
         return factory()
     plan = plan_of(model)
     if plan is None:
+        if pool is not None:
+            if rows is None or len(rows) != 1:
+                raise ValueError("a paged full-attention cache holds one sequence: give rows=[one PoolRow]")
+            return PagedFullCache(pool, rows[0])
         if static:
             raise ValueError("static=True needs a sink-window spec: sinkwindow.apply(model, 'swa:W:S') first")
         return DynamicCache(config=model.config)
@@ -742,13 +752,15 @@ def make_cache(model: PreTrainedModel, *, static: bool = False) -> Cache:
         (native_window, 0, True) if is_native else (spec.window, spec.sinks, False) for is_native in native
     ]
     ropes = rope_for_model(model, getattr(tcfg, "layer_types", None)) if spec.positions == "cache" else None
-    if static and spec.is_hybrid:
+    if (static or pool is not None) and spec.is_hybrid:
         raise ValueError(
             f"static=True has fixed-size ring buffers of w slots, but {spec}'s full layers grow: use the default "
             f"dynamic cache (static=False), or the plain {spec.base}"
         )
     cls = StaticSinkWindowCache if static else SinkWindowCache
     extra = {}
+    if pool is not None:
+        cls, extra = PagedSinkWindowCache, {"pool": pool, "rows": rows}
     if spec.is_hybrid:
         extra = {
             "full_kv_heads": list(plan.full_kv_heads),

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from .answer import AnswerText
 from .chat import ChatTemplateError, render_continuation, render_first
-from .engine import Engine, EngineBusyError, Job
+from .engine import Engine, EngineBusyError, Job, PoolFullError
 from .protocol import (
     SESSION_ID,
     APIError,
@@ -95,7 +95,8 @@ class _Server:
         store, prefix = self.engine.sessions, _owner(request) + "/"
         return JSONResponse({"object": "list", "data": _own(store.rows(), prefix),
                              "evicted": _own(list(store.evicted), prefix),
-                             "max_sessions": store.max_sessions, "kv_budget": store.kv_budget})  # fmt: skip
+                             "max_sessions": store.max_sessions,
+                             "kv_budget": pool.nbytes if (pool := self.engine.pool) is not None else store.kv_budget})  # fmt: skip
 
     async def delete_session(self, request: Request) -> JSONResponse:
         sid = request.path_params["session_id"]
@@ -200,6 +201,10 @@ class _Server:
                 self.engine.submit(job)
             except EngineBusyError as err:
                 raise APIError(429, str(err), type="server_busy_error", code="server_busy") from None
+            except PoolFullError as err:  # 429: it fits once others end; 400: it never fits
+                raise APIError(429 if err.later else 400, str(err), type="server_busy_error" if err.later
+                               else "invalid_request_error", param=None if err.later else "max_tokens",
+                               code="kv_pool_full") from None  # fmt: skip
             except SessionBusyError:
                 msg = f"session {req.session.split('/', 1)[1]!r} is answering another request: wait for it"
                 raise APIError(

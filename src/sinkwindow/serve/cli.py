@@ -41,34 +41,13 @@ def serve_app(args: argparse.Namespace):
     )  # fmt: skip
     engine = Engine(
         model, max_active=args.max_active, max_queue=args.max_queue, chunk_size=args.chunk_size,
-        sessions=SessionStore(args.max_sessions, args.kv_budget),
+        sessions=SessionStore(args.max_sessions), kv_budget=args.kv_budget, block_size=args.kv_block_size,
     )  # fmt: skip
-    _check_kv_budget(engine, args.kv_budget)
+    if engine.pool_note:
+        logger.warning("%s", engine.pool_note)
     served = [args.served_model_name or args.model]
     return build_app(engine, tok, served, max_prompt_tokens=args.max_prompt_tokens, api_keys=keys,
                      loopback_only=loopback, max_request_bytes=args.max_request_bytes)  # fmt: skip
-
-
-def _check_kv_budget(engine, budget: int | None) -> None:
-    """Refuse a ``--kv-budget`` below one session's cache (a ring buffer's bytes, measured after one token)."""
-    if budget is None:
-        return
-    import torch
-
-    from ..cache import cache_nbytes
-    from ..patch import make_cache
-    from ..prefill import prefill
-
-    cache = make_cache(engine.model, static=engine.batched)
-    with torch.no_grad():
-        prefill(
-            engine.model, torch.zeros(1, 1, dtype=torch.long, device=engine.device), chunk_size=1, cache=cache
-        )
-    need = cache_nbytes(cache)
-    if budget < need:
-        raise ValueError(
-            f"--kv-budget {budget} is below one session's KV cache ({need} bytes): give at least that"
-        )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -93,7 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serves /v1/completions and /v1/chat/completions (streamed as server-sent events), "
         "/v1/models, /v1/sessions and /health. Requests join and leave between steps, each with its own "
         "bounded cache; a request's session_id keeps its cache for the next request (an append-only "
-        "conversation in constant memory), and idle sessions are evicted under --max-sessions and --kv-budget.",
+        "conversation in constant memory), and idle sessions are evicted under --max-sessions and to make "
+        "room in the KV pool (--kv-budget, allocated once at start).",
     )
     cli_args.add_model(p)
     cli_args.add_method(p, "swa:1024:4")
@@ -109,7 +89,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sessions", type=cli_args.integer(1, what="--max-sessions"), default=64,
                    help="idle sessions kept; the least recently used beyond go (default: %(default)s)")  # fmt: skip
     p.add_argument("--kv-budget", type=cli_args.kv_budget, default=None, metavar="BYTES",
-                   help="bytes of KV cache idle sessions may hold, e.g. 4GiB (default: no limit)")  # fmt: skip
+                   help="bytes of the KV pool allocated at start, which every request and session draws blocks "
+                   "from, e.g. 4GiB (default: 25%% of available RAM, at most 4 GiB; on CUDA 50%% of free GPU memory)")  # fmt: skip
+    p.add_argument("--kv-block-size", type=cli_args.integer(1, what="--kv-block-size"), default=16, metavar="TOKENS",
+                   help="tokens per KV pool block (one layer's keys and values) (default: %(default)s)")  # fmt: skip
     p.add_argument("--max-prompt-tokens", type=cli_args.integer(1, what="--max-prompt-tokens"), default=None,
                    help="longest prompt accepted (default: what the model's positions allow)")  # fmt: skip
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",

@@ -3,13 +3,33 @@
 Scheduling is continuous: requests join the running set and leave it between steps. Each turn of
 the loop gives every request still reading its prompt one prefill chunk (``chunk_size`` tokens, on
 its own cache: a long prompt never stalls the others), then runs one decode step for every request
-that is generating. Under a plain ``swa``/``evict`` spec those decode steps are **one batched
-forward**: the rows live in one static ring-buffer cache (``static_cache.stack_rows``), each row
-with its own positions, sinks and window, so a request joins after its prefill and leaves when it
-ends (``take_rows``) without touching the others. Other specs (full attention, hybrids, linear
-retrofits) decode each request in a forward of its own. Either way every request's cache holds at
-most W keys per windowed layer (a hybrid's full units grow), and its tokens are those of
-``sinkwindow.generate`` on that prompt alone with the same chunk size.
+that is generating. Either way a request's tokens are those of ``sinkwindow.generate`` on that
+prompt alone with the same chunk size.
+
+**Memory.** Under a plain ``swa``/``evict`` spec the engine allocates its KV memory once, at start:
+a ``kv_pool.KVPool`` of ``kv_budget`` bytes (default ``default_kv_budget``) in blocks of
+``block_size`` tokens of one layer. Every request and session draws blocks from it
+(``paged_cache.PagedSinkWindowCache``): a sequence holds ``ceil(min(tokens, w) / block)`` blocks a
+layer, so a one-token session holds one block per layer and none ever more than w slots; the
+window's blocks are recycled in place as it slides. A request is admitted with a reservation of
+every block it can reach (prompt + ``max_new_tokens``, bounded by w); when the pool cannot give them,
+idle sessions are evicted least recently used first, and if that is not enough ``submit`` raises
+``PoolFullError`` (``later``: retry, the server answers 429; else the request can never fit, 400).
+Blocks go back to the pool explicitly when a request ends or a session is evicted or deleted;
+nothing on the request path allocates KV memory. The generating requests decode as **one batched
+forward** over their rows' blocks (each row with its own positions, sinks and window), attending
+over the tokens rows hold (padded to the longest row), not over w empty slots.
+
+Other specs (full attention, hybrids, linear retrofits) keep per-request caches and decode each
+request in a forward of its own (no pool): a hybrid's full units grow with the context (bounded by
+the model's positions and ``--max-prompt-tokens``), a linear retrofit's state is constant.
+
+``stats()`` (served as ``/health``) gives: ``active``, ``queued``, ``sessions``, ``batched_decode``
+(whether decoding is batched), ``decode_batch`` (rows now), ``peak_decode_batch``, ``kv_pool``
+(whether a pool is in use) and, with a pool, ``pool_block_tokens`` (tokens a block holds, one
+layer), ``pool_blocks`` (blocks that can be handed out), ``pool_blocks_used``, ``pool_blocks_free``,
+``pool_blocks_reserved`` (free but promised to admitted requests), ``pool_bytes``,
+``pool_bytes_used``, ``pool_bytes_free`` and ``pool_evictions`` (sessions evicted to make room).
 
 Events reach the caller through ``Job.emit`` (called on the worker thread):
 ``("token", id)``, then one ``("done", reason, info)`` with reason ``"stop"``, ``"length"`` or
@@ -29,14 +49,17 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from ..attributes import CACHE_FACTORY_ATTR
 from ..generate import DecodeStep, select_next
-from ..patch import active_spec, check_positions, make_cache
+from ..kv_pool import KVPool, PoolFullError, PoolRow
+from ..paged_cache import pool_shape
+from ..patch import active_spec, check_positions, make_cache, max_positions
+from ..plan import plan_of
 from ..prefill import input_device, prefill
-from ..static_cache import StaticSinkWindowCache, StaticSinkWindowLayer, stack_rows, take_rows
 from .sampling import Sampler, SamplingParams, top_logprobs
 from .sessions import Session, SessionStore
 
-__all__ = ["Engine", "Job", "EngineBusyError"]
+__all__ = ["Engine", "Job", "EngineBusyError", "PoolFullError", "default_kv_budget"]
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -89,11 +112,33 @@ class Job:
     _session: Session | None = None
     _sampler: Sampler | None = None
     stop_keep: int | None = None  # set when a stop string ended the answer (see ``watch``)
+    _row: PoolRow | None = None  # its blocks in the engine's pool (pooled engines)
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Ask the worker to end this request at its next step (a disconnect, a stop string)."""
         if self.cancel_reason is None:
             self.cancel_reason = reason
+
+
+GiB = 2**30
+# The default pool: a share of what the device has free at start, so the server leaves room for the
+# model's activations, the allocator and the rest of the machine (vLLM sizes its pool from
+# --gpu-memory-utilization the same way, llama.cpp allocates its slots at start).
+CPU_SHARE, CPU_CAP = 0.25, 4 * GiB
+CUDA_SHARE = 0.5
+
+
+def default_kv_budget(device: torch.device) -> tuple[int, str]:
+    """Bytes of the KV pool when ``--kv-budget`` is not given, and how they were chosen (one phrase)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_SHARE), f"{CUDA_SHARE:.0%} of the {free / GiB:.1f} GiB free on {device}"
+    import psutil
+
+    avail = psutil.virtual_memory().available
+    return int(min(avail * CPU_SHARE, CPU_CAP)), (
+        f"{CPU_SHARE:.0%} of the {avail / GiB:.1f} GiB of available RAM, at most {CPU_CAP // GiB} GiB"
+    )
 
 
 class Engine:
@@ -104,7 +149,15 @@ class Engine:
         max_active: requests that advance together; more wait in the queue.
         max_queue: waiting requests beyond which :meth:`submit` refuses (``EngineBusyError``).
         chunk_size: prompt tokens per prefill step.
-        sessions: the store of conversations (default: 64 sessions, no byte budget).
+        sessions: the store of conversations (default: 64 sessions).
+        kv_budget: bytes of the KV pool (every spec but hybrids and linear retrofits); default: what
+            ``max_active + sessions.max_sessions`` sequences at their longest hold, at most
+            ``default_kv_budget`` (a share of the free memory).
+        block_size: tokens per pool block (of one layer).
+
+    Raises:
+        ValueError: ``kv_budget`` cannot hold one sequence at its longest (w tokens in every windowed
+            layer; one block a layer for full attention).
     """
 
     def __init__(
@@ -115,9 +168,11 @@ class Engine:
         max_queue: int = 64,
         chunk_size: int = 512,
         sessions: SessionStore | None = None,
+        kv_budget: int | None = None,
+        block_size: int = 16,
     ):
-        if max_active < 1 or max_queue < 0 or chunk_size < 1:
-            raise ValueError("max_active and chunk_size must be at least 1, max_queue at least 0")
+        if max_active < 1 or max_queue < 0 or chunk_size < 1 or block_size < 1:
+            raise ValueError("max_active, chunk_size and block_size must be at least 1, max_queue at least 0")
         self.model = model
         self.spec = active_spec(model)
         self.max_active = max_active
@@ -127,23 +182,23 @@ class Engine:
         self.device = input_device(model)
         self._queue: deque[Job] = deque()
         self._active: list[Job] = []
-        # One batched decode step over rows of one static cache, where every layer is a ring buffer
-        # (make_cache refuses static=True where some layer grows: a hybrid's full units).
-        try:
-            probe = make_cache(model, static=True)
-        except ValueError:
-            probe = None
-        self.batched = isinstance(probe, StaticSinkWindowCache) and all(
-            type(layer) is StaticSinkWindowLayer for layer in probe.layers
-        )
+        self.pool: KVPool | None = None
+        self.pool_note = ""
+        self.windows: list[int | None] = []  # per layer, None: full attention
+        if not self.spec.is_hybrid and getattr(model, CACHE_FACTORY_ATTR, None) is None:
+            self._make_pool(kv_budget, block_size)
+        # The generating requests of a pooled sink-window engine decode as rows of one forward.
+        self.batched = self.pool is not None and plan_of(model) is not None
         self._rows: list[Job] = []  # the requests in the decode batch, in row order
-        self._batch: StaticSinkWindowCache | None = None
+        self._batch = None
         self.peak_batch = 0  # the most rows one decode forward has served
+        self.pool_evictions = 0
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.last_evicted: list[dict] = []
         self.heartbeat = time.monotonic()  # the worker's last turn of its loop (or wait)
+        self.sessions.on_evict = self._forget_session
 
     def alive(self, stall_s: float) -> tuple[bool, str]:
         """Whether the worker serves: its thread runs and, with work waiting, it turned within ``stall_s``."""
@@ -155,6 +210,47 @@ class Engine:
         if busy and age > stall_s:
             return False, f"the engine has not stepped for {age:.0f} s with requests waiting"
         return True, "ok"
+
+    def _make_pool(self, kv_budget: int | None, block_size: int) -> None:
+        shape = pool_shape(self.model)
+        full = plan_of(self.model) is None
+        self.windows = [None] * shape["layers"] if full else [layer.window for layer in make_cache(self.model, static=True).layers]  # fmt: skip
+        probe = KVPool(2, block=block_size, **{**shape, "device": "meta"})
+        # A windowed sequence at its longest holds w slots a layer; full attention grows with its tokens
+        # (up to the model's positions), so its pool needs one block a layer and a request longer than
+        # the pool holds gets a 400.
+        longest = shape["layers"] if full else probe.blocks_for(max(self.windows), self.windows)
+        if kv_budget is None:
+            kv_budget, how = default_kv_budget(torch.device(shape["device"]))
+            # No more than every running request and kept session at its longest could use.
+            limit = max_positions(self.model) or 0
+            most = probe.blocks_for(limit, self.windows) if full else longest
+            enough = ((self.max_active + self.sessions.max_sessions) * most + 1) * probe.block_bytes
+            if most and enough < kv_budget:
+                kv_budget, how = (
+                    enough,
+                    f"--max-active + --max-sessions sequences at their longest, under {how}",
+                )
+        else:
+            how = "--kv-budget"
+        blocks = kv_budget // probe.block_bytes
+        if blocks - 1 < longest:
+            need = (longest + 1) * probe.block_bytes
+            raise ValueError(
+                f"--kv-budget {kv_budget} is below one session's KV cache at its longest ({longest} blocks of "
+                f"{block_size} tokens, {self.spec}): give --kv-budget {need} or more"
+            )
+        self.pool = KVPool(blocks, block=block_size, **shape)
+        reach = (
+            f"{self.pool.usable // shape['layers'] * block_size} tokens of full attention in all"
+            if full
+            else f"{self.pool.usable // longest} sequences at their longest ({longest} blocks each)"
+        )
+        self.pool_note = (
+            f"KV pool: {self.pool.nbytes / 2**20:.1f} MiB ({how}), {self.pool.usable} blocks of {block_size} "
+            f"tokens, {reach}"
+        )
+        logger.info("%s", self.pool_note)
 
     def start(self) -> Engine:
         if self._thread is None:
@@ -174,9 +270,14 @@ class Engine:
             self._thread = None
 
     def stats(self) -> dict:
+        """The counts ``/health`` serves (keys in the module docstring)."""
         with self._cv:
-            return {"active": len(self._active), "queued": len(self._queue), "sessions": len(self.sessions),
-                    "batched_decode": self.batched, "decode_batch": len(self._rows), "peak_decode_batch": self.peak_batch}  # fmt: skip
+            out = {"active": len(self._active), "queued": len(self._queue), "sessions": len(self.sessions),
+                   "batched_decode": self.batched, "decode_batch": len(self._rows), "peak_decode_batch": self.peak_batch,
+                   "kv_pool": self.pool is not None}  # fmt: skip
+        if self.pool is not None:
+            out |= self.pool.stats() | {"pool_evictions": self.pool_evictions}
+        return out
 
     def check_length(self, job: Job) -> None:
         """Refuse a request whose positions run past the model's (``ValueError``, one line)."""
@@ -192,6 +293,7 @@ class Engine:
         Raises:
             EngineBusyError: the queue is full.
             SessionBusyError: its session is answering another request.
+            PoolFullError: the KV pool cannot hold it now (``later``) or ever.
             ValueError: prompt + new tokens run past the model's positions, or nothing to do.
         """
         if not job.prompt and job.session is None:
@@ -206,8 +308,58 @@ class Engine:
                 )
             if job.session is not None:
                 job._session = self.sessions.reserve(job.session)
+            try:
+                self._admit(job)
+            except BaseException:
+                if job._session is not None:
+                    self.sessions.release(job._session)
+                raise
             self._queue.append(job)
             self._cv.notify_all()
+
+    def _admit(self, job: Job) -> None:
+        """Reserve the pool blocks ``job`` can reach, evicting idle sessions (LRU) to make room."""
+        if self.pool is None:
+            return
+        s = job._session
+        if s is not None and s.kv_row is None:
+            s.kv_row = self.pool.new_row()
+        row = s.kv_row if s is not None else self.pool.new_row()
+        seen = row.seen + (len(s.pending) if s is not None else 0)
+        total = seen + len(job.prompt) + job.max_new_tokens
+        need = self.pool.blocks_for(total, self.windows) - row.blocks
+        while True:
+            try:
+                self.pool.reserve(row, need)
+                break
+            except PoolFullError as err:
+                if err.later and self._evict_one():
+                    continue
+                if s is None:
+                    self.pool.release(row)
+                if err.later:
+                    raise PoolFullError(f"{err}: retry later, or with fewer max_tokens", True) from None
+                raise PoolFullError(
+                    f"the request reaches {total} tokens, {need + row.blocks} KV blocks, more than the pool's "
+                    f"{self.pool.usable} (--kv-budget): shorten the prompt or max_tokens",
+                    False,
+                ) from None
+        job._row = row
+
+    def _evict_one(self) -> bool:
+        """Evict the least recently used idle session to free its blocks; whether there was one."""
+        notes = self.sessions.evict_idle(1, "its KV blocks were needed by a new request (the pool is full)")
+        self.pool_evictions += len(notes)
+        for note in notes:
+            logger.warning("evicted session %s (%s)", note["id"], note["reason"])
+        return bool(notes)
+
+    def _forget_session(self, s: Session) -> None:
+        """A session left the store: its blocks go back to the pool now, not when the collector runs."""
+        if s.kv_row is not None and self.pool is not None:
+            self.pool.release(s.kv_row)
+        _drop(s.cache)
+        s.kv_row, s.cache = None, None
 
     def _loop(self) -> None:
         with torch.no_grad():
@@ -262,13 +414,13 @@ class Engine:
 
     def _begin(self, job: Job) -> Job:
         s = job._session
-        fresh = lambda: make_cache(self.model, static=self.batched)  # noqa: E731
-        if s is not None:
-            job._cache = s.cache if s.cache is not None else fresh()
-            job._pending = [*s.pending, *job.prompt]
+        if self.pool is not None:
+            job._cache = make_cache(self.model, pool=self.pool, rows=[job._row])
+        elif s is not None and s.cache is not None:
+            job._cache = s.cache
         else:
-            job._cache = fresh()
-            job._pending = list(job.prompt)
+            job._cache = make_cache(self.model)
+        job._pending = [*s.pending, *job.prompt] if s is not None else list(job.prompt)
         job.prompt_tokens = len(job.prompt)
         if not job._pending and job.max_new_tokens > 0:
             raise ValueError("nothing to continue from: give a prompt (the session has no pending token)")
@@ -330,20 +482,20 @@ class Engine:
             return nxt, "length"
         return nxt, None
 
+    def _rebatch(self) -> None:
+        """The decode batch's cache over the rows of the requests now in it (no copy: rows are block tables)."""
+        rows = [job._row for job in self._rows]
+        self._batch = make_cache(self.model, pool=self.pool, rows=rows) if rows else None
+
     def _join(self, job: Job, nxt: torch.Tensor) -> None:
         """Put ``job`` (its prompt read, its first token chosen) into the decode batch."""
-        caches = [job._cache] if self._batch is None else [self._batch, job._cache]
-        self._batch = stack_rows(make_cache(self.model, static=True), caches)
         self._rows.append(job)
-        job._cache, job._next = None, nxt
+        self._rebatch()
+        job._cache, job._next = None, nxt  # (its _step stays: it marks a request that began)
 
     def _leave(self, job: Job) -> None:
-        """Take ``job``'s row out of the batch; its own cache is that row (a session keeps it)."""
-        i = self._rows.index(job)
-        job._cache = take_rows(make_cache(self.model, static=True), self._batch, [i])
-        rest = [k for k in range(len(self._rows)) if k != i]
-        self._batch = take_rows(make_cache(self.model, static=True), self._batch, rest) if rest else None
-        self._rows.pop(i)
+        self._rows.remove(job)
+        self._rebatch()
 
     def _batched_step(self) -> None:
         """One decode forward for every row of the batch; rows that finish leave it."""
@@ -375,8 +527,7 @@ class Engine:
     def _fail(self, job: Job, err: Exception) -> None:
         logger.error("request %s failed: %s: %s", job.id, type(err).__name__, err)
         if job in self._rows:
-            self._rows.remove(job)  # its row is dropped with the batch below
-            self._batch = None if not self._rows else self._batch
+            self._leave(job)
         self._end(job, ("error", f"{type(err).__name__}: {err}".splitlines()[0]), broken=True)
 
     def _end(self, job: Job, event: tuple, broken: bool = False) -> None:
@@ -397,25 +548,39 @@ class Engine:
                 pass  # it failed before it began: the session is as it was
             elif broken or job._pending or cut:
                 # Cut off inside the prompt (or failed): the cache no longer matches a token stream.
-                s.cache, s.pending, s.tokens = None, [], 0
+                self._forget_session(s)
+                s.pending, s.tokens = [], 0
                 why = (
                     "a stop string began before its last token" if cut else "its turn ended inside the prompt"
                 )
                 logger.warning("session %s: reset (%s)", s.id, why)
             elif job.stop_keep is not None:
-                s.cache = job._cache
+                s.cache = job._cache if self.pool is None else None
                 s.tokens += len(s.pending) + len(job.prompt) + job.stop_keep
                 s.pending = []
                 s.turns += 1
             else:
                 fed = len(s.pending) + len(job.prompt) + max(job.generated - 1, 0)
-                s.cache = job._cache
+                s.cache = job._cache if self.pool is None else None
                 s.tokens += fed
                 s.pending = [job.last_token] if job.generated else []
                 s.turns += 1
+            if self.pool is not None and s.kv_row is not None:
+                self.pool.unpromise(s.kv_row)  # it keeps the blocks it holds, not the promise
             evicted = self.sessions.release(s)
             for note in evicted:
                 logger.warning("evicted session %s (%s)", note["id"], note["reason"])
+        elif job._row is not None:
+            self.pool.release(job._row)  # back to the free list now
         self.last_evicted = evicted
-        job._cache = job._step = job._logits = None
+        if s is None or s.cache is not job._cache:
+            _drop(job._cache)
+        job._cache = job._step = job._logits = job._row = None
         job.emit((*event, {"evicted_sessions": evicted, "session": s.row() if s is not None else None}))
+
+
+def _drop(cache) -> None:
+    """Free an unpooled cache's tensors now: its layers point back at it (a reference cycle), so
+    dropping the last reference would leave them to the cycle collector. Pooled caches hold none."""
+    if cache is not None and not hasattr(cache, "pool") and hasattr(cache, "reset"):
+        cache.reset()

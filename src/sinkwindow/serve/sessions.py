@@ -2,10 +2,11 @@
 
 A session is append-only: each request's prompt continues the tokens the session has already
 seen, so a conversation can go on for ever in the memory of one bounded cache (StreamingLLM's
-use case). The last generated token of a turn has not been fed yet; it is kept as ``pending``
+use case). On a pooled engine a session's memory is its ``kv_row``: blocks of the engine's KV pool,
+as many as its tokens reach (at most w a windowed layer). The last generated token of a turn has not been fed yet; it is kept as ``pending``
 and fed first next turn. Idle sessions beyond ``max_sessions`` or ``kv_budget`` bytes are evicted,
 least recently used first, and each eviction is recorded (``evicted``) so the server can say
-which it dropped.
+which it dropped; ``on_evict`` (set by the engine) gives an evicted session's blocks back at once.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from transformers.cache_utils import Cache
 
 from ..cache import cache_nbytes
+from ..kv_pool import PoolRow
 
 __all__ = ["Session", "SessionBusyError", "SessionStore"]
 
@@ -31,7 +34,8 @@ class Session:
     """One conversation's state: its cache, the token not yet fed, and counts."""
 
     id: str
-    cache: Cache | None = None
+    cache: Cache | None = None  # engines without a KV pool
+    kv_row: PoolRow | None = None  # its blocks in the engine's KV pool
     pending: list[int] = field(default_factory=list)
     tokens: int = 0  # tokens the cache has seen (positions so far)
     turns: int = 0
@@ -40,6 +44,8 @@ class Session:
     busy: bool = False
 
     def kv_bytes(self) -> int:
+        if self.kv_row is not None:
+            return self.kv_row.nbytes
         return 0 if self.cache is None else cache_nbytes(self.cache)
 
     def row(self) -> dict:
@@ -48,6 +54,7 @@ class Session:
             "tokens": self.tokens,
             "turns": self.turns,
             "kv_cache_bytes": self.kv_bytes(),
+            "kv_blocks": self.kv_row.blocks if self.kv_row is not None else None,
             "busy": self.busy,
             "created": int(self.created),
             "last_used": int(self.last_used),
@@ -65,6 +72,7 @@ class SessionStore:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.evicted: deque[dict] = deque(maxlen=history)
+        self.on_evict: Callable[[Session], None] | None = None
 
     def reserve(self, session_id: str) -> Session:
         """The session (new if unknown), marked busy until :meth:`release`.
@@ -107,7 +115,15 @@ class SessionStore:
             "at": int(time.time()),
         }
         self.evicted.append(note)
+        if self.on_evict is not None:
+            self.on_evict(s)
         return note
+
+    def evict_idle(self, n: int, reason: str) -> list[dict]:
+        """Evict up to ``n`` idle sessions, least recently used first; the evictions made."""
+        with self._lock:
+            idle = sorted((s for s in self._sessions.values() if not s.busy), key=lambda s: s.last_used)
+            return [self._evict(s, reason) for s in idle[:n]]
 
     def _enforce(self) -> list[dict]:
         out = []

@@ -206,6 +206,9 @@ def test_a_full_pool_refuses_with_later_and_keeps_serving(pooled):
     with pytest.raises(PoolFullError, match="retry later") as err:
         engine.submit(Job(prompt=[5, 6], max_new_tokens=1))
     assert err.value.later
+    with pytest.raises(PoolFullError, match="retry later"):  # a refused new session is not kept
+        engine.submit(Job(prompt=[5, 6], max_new_tokens=1, session="refused"))
+    assert len(engine.sessions) == 0 and engine.stats()["pool_blocks_reserved"] == 4 * layers
     engine.start()
     try:
         for job in (a, b):

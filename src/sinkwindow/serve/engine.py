@@ -312,7 +312,7 @@ class Engine:
                 self._admit(job)
             except BaseException:
                 if job._session is not None:
-                    self.sessions.release(job._session)
+                    self.sessions.abandon(job._session)
                 raise
             self._queue.append(job)
             self._cv.notify_all()

@@ -96,6 +96,16 @@ class SessionStore:
             session.last_used = time.time()
             return self._enforce()
 
+    def abandon(self, session: Session) -> None:
+        """Release a session reserved for a request that was refused; one it created is removed again
+        (so refused requests never push real sessions out under ``max_sessions``)."""
+        with self._lock:
+            session.busy = False
+            if session.turns == 0 and session.tokens == 0 and self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+                if self.on_evict is not None:
+                    self.on_evict(session)
+
     def drop(self, session_id: str, reason: str = "deleted") -> dict | None:
         with self._lock:
             s = self._sessions.get(session_id)

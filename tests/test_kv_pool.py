@@ -305,3 +305,24 @@ def test_the_default_pool_holds_the_running_requests_and_sessions_at_their_longe
     engine = Engine(pooled, max_active=3, block_size=4, sessions=SessionStore(max_sessions=5))
     longest = 2 * pooled.config.num_hidden_layers  # ceil(8 / 4) blocks a layer
     assert engine.pool.usable == (3 + 5) * longest and "--max-active + --max-sessions" in engine.pool_note
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma2", "qwen3"])
+def test_paged_cache_gives_generate_tokens_with_native_windows_kept(family):
+    """Layers of different windows (native local layers kept at 12) each hold the blocks their own window reaches."""
+    model = tiny_model(family)
+    sinkwindow.apply(model, "swa:8:2", native_sliding="keep")
+    ids = torch.randint(1, VOCAB, (1, 30), generator=torch.Generator().manual_seed(3))
+    want = sinkwindow.generate(model, ids, 12, chunk_size=7)[0, 30:].tolist()
+    pool = KVPool(200, block=4, **pool_shape(model))
+    row = pool.new_row()
+    cache = sinkwindow.make_cache(model, pool=pool, rows=[row])
+    logits = sinkwindow.prefill(model, ids, chunk_size=7, cache=cache).logits.reshape(1, -1, VOCAB)[:, -1]
+    step, got = DecodeStep(model, cache), []
+    for _ in range(12):
+        got.append(int(logits.argmax(-1)))
+        logits = step(logits.argmax(-1)[:, None])
+    assert got == want
+    windows = [layer.window for layer in cache.layers]
+    assert [len(t) for t in row.tables] == [math.ceil(w / 4) for w in windows]  # 41 tokens: every window full

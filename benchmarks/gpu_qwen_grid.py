@@ -62,6 +62,7 @@ HYBRID_RUNS = ("heads-25", "heads-50")
 # What a run folder needs to resume and to be reported on (plots and HTML are re-rendered here).
 KEEP = ("results.jsonl", "config.json", "fingerprint.json", "sessions.jsonl", "summary.json", "report.md")
 ARCHIVE = "qwen_grid.tar.gz"
+RETURN_LIMIT = 16 << 20  # bytes per file the device brings back (72 tiny-model rows packed to 53 KB)
 
 
 def committed_hybrids() -> list[str]:
@@ -142,6 +143,10 @@ def bring_back(work: Path, out: Path, steps: list[dict], t0: float, state: str) 
     progress = {"state": state, "seconds": round(time.perf_counter() - t0, 1), "steps": done,
                 "rows": sum(d["done"] for d in done), "rows_planned": sum(d["rows"] for d in done),
                 "archive_bytes": (out / ARCHIVE).stat().st_size}  # fmt: skip
+    if progress["archive_bytes"] > RETURN_LIMIT:
+        # The device would leave it behind: say so where the output tail shows it.
+        progress["warning"] = f"{ARCHIVE} is over the {RETURN_LIMIT >> 20} MiB a device returns per file"
+        print(progress["warning"], flush=True)
     (out / "progress.json").write_text(json.dumps(progress, indent=2))
     return progress
 

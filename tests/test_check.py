@@ -243,12 +243,13 @@ def test_check_gemma3_270m():
 def test_cli_check_qwen2_5_coder(capsys):
     """`sinkwindow check` on the packaged Qwen2.5-Coder-0.5B (Qwen2, 14/2 heads), by its name."""
     skip_without_qwen()
-    rc = main(["check", "--model", QWEN, "--method", "swa:64:4"])
+    # A small window and a two-layer fp64 reference keep it short (~18 CPU-seconds with the load).
+    rc = main(["check", "--model", QWEN, "--method", "swa:32:4", "--layers", "2"])
     out = capsys.readouterr().out
     result = _last_json(out)
     assert rc == 0 and result["ok"] is True, out
-    assert result["layers"] == 24 and result["reference_layers"] == 4
-    assert result["cache_entries"] == [63] * 24
+    assert result["layers"] == 24 and result["reference_layers"] == 2
+    assert result["cache_entries"] == [31] * 24
 
 
 def test_check_holds_hybrid_specs_to_the_reference_and_their_own_bounds():

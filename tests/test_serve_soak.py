@@ -1,7 +1,11 @@
 """A short soak of ``sinkwindow serve`` through benchmarks/serve_soak.py (the harness the full-size
-benchmark runs), on a tiny random model in a subprocess on 127.0.0.1: sessions churning through
-eviction, bursts of 16 streams half of which drop their connection, a long conversation, long
-prompts and bad requests, for about 20 seconds.
+benchmark runs), in a subprocess on 127.0.0.1: sessions churning through eviction, bursts of 16
+streams half of which drop their connection, a long conversation, long prompts and bad requests,
+for about 20 seconds.
+
+The model is random but not the smallest: 4 layers with 2 KV heads of 64 under ``swa:512:4``, so a
+session's cache is about 2 MiB and a 16-row decode batch's tensors are megabytes, big enough for
+memory that is not given back (issue 60) to show within the soak.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 pytest.importorskip("starlette", reason="pip install 'sinkwindow[serve]'")
 pytest.importorskip("uvicorn", reason="pip install 'sinkwindow[serve]'")
@@ -34,11 +40,16 @@ def soaked(tmp_path_factory):
     from conftest import make_tiny_folder
 
     mod = _script()
-    folder = make_tiny_folder(tmp_path_factory.mktemp("soak"))
+    folder = make_tiny_folder(tmp_path_factory.mktemp("soak"))  # its tokenizer (ids 1-100)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=101, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=0)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
     cfg = mod.SoakConfig(
-        model=str(folder), served_name="tiny", method="swa:8:2", vocab=101, requests=20_000,
+        model=str(folder), served_name="tiny", method="swa:512:4", vocab=101, requests=20_000,
         duration_s=20.0, warmup_s=7.0, sessions=40, max_sessions=8, workers=4, burst=16, burst_every_s=5.0,
-        prompt_tokens=12, long_prompt_tokens=400, max_tokens=4, burst_max_tokens=12, request_timeout_s=TIMEOUT,
+        prompt_tokens=12, long_prompt_tokens=600, max_tokens=4, burst_max_tokens=12, request_timeout_s=TIMEOUT,
+        max_rss_mib=4096.0,
     )  # fmt: skip
     out = tmp_path_factory.mktemp("soak-out")
     summary, samples = mod.soak(cfg, out)
@@ -77,6 +88,9 @@ def test_health_was_sampled_and_the_files_written(soaked):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.xfail(
+    strict=True, reason="fixed by the block pool (serve-pool branch): issue 60, RSS grows under churn"
+)
 def test_rss_after_the_warm_up_stays_within_the_margin(soaked):
     _, cfg, s, _, _ = soaked
     assert s["rss_warmup_peak"] > 0 and s["rss_limit"] >= s["rss_warmup_peak"] + 64 * 2**20

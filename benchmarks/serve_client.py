@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,8 +56,8 @@ def stream(
 
     Returns the status, ``latency_s`` (request to last chunk), ``ttft_s`` (to the first chunk with
     text), ``tokens`` (the usage's completion tokens, else the chunks with text), ``dropped``,
-    ``hung`` (no end within ``timeout`` seconds), ``error`` (a transport error's name, or the error
-    body's code) and ``sinkwindow`` (the server's extra on the last chunk, where it sends one).
+    ``hung`` (no end within ``timeout`` seconds), ``error`` (a transport error's name, ``incomplete``
+    for a stream cut before its ``[DONE]``, or the error body's code) and ``sinkwindow`` (the server's extra on the last chunk, where it sends one).
     """
     out = {"status": None, "latency_s": None, "ttft_s": None, "tokens": 0, "dropped": False, "hung": False,
            "error": None, "sinkwindow": None}  # fmt: skip
@@ -71,12 +72,13 @@ def stream(
             err = json.loads(r.read() or b"null") or {}
             out["error"] = (err.get("error") or {}).get("code") if isinstance(err, dict) else None
             return out
-        chunks, usage = 0, None
+        chunks, usage, done = 0, None, False
         for line in r:
             if time.perf_counter() - t0 > timeout:
                 out["hung"] = True
                 return out
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+            done = done or line.strip() == b"data: [DONE]"
+            if not line.startswith(b"data: ") or done:
                 continue
             chunk = json.loads(line[6:])
             usage = chunk.get("usage") or usage
@@ -88,12 +90,15 @@ def stream(
                 out["dropped"] = True
                 return out
         out["tokens"] = usage["completion_tokens"] if usage else chunks
+        if not done:  # the connection closed before the end of the stream: the server went away
+            out["error"] = "incomplete"
+            return out
         out["latency_s"] = time.perf_counter() - t0
         return out
     except TimeoutError:
         out["hung"] = True
         return out
-    except OSError as err:
+    except (OSError, http.client.HTTPException) as err:
         out["error"] = type(err).__name__
         return out
     finally:
@@ -171,35 +176,44 @@ class Served:
             self._log.close()
 
 
-def hold(port: int, body: dict, *, timeout: float, path: str = "/v1/completions"):
-    """Open a streamed completion and read it only until its first token: ``(status, connection, ttft_s)``.
-
-    The connection stays open (the caller closes it), so the server keeps the request and its cache
-    alive: how a server with no sessions holds a context. ``connection`` is ``None`` on a refusal.
+class Held:
+    """A streamed completion held open: it returns once the first token arrives (the server then
+    holds the request's cache), and a thread reads the rest, so :attr:`alive` says whether the
+    server is still generating it. ``status`` is not 200 on a refusal (``None``: no first token).
     """
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request(
-            "POST",
-            path,
-            body=json.dumps({**body, "stream": True}),
-            headers={"Content-Type": "application/json"},
-        )
-        r = conn.getresponse()
-        if r.status != 200:
-            r.read()
-            conn.close()
-            return r.status, None, None
-        for line in r:
-            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    return 200, conn, time.perf_counter() - t0
-            if time.perf_counter() - t0 > timeout:
-                break
-        conn.close()
-        return None, None, None  # it ended (or timed out) before its first token
-    except OSError:
-        conn.close()
-        return None, None, None
+
+    def __init__(self, port: int, body: dict, *, timeout: float, path: str = "/v1/completions"):
+        self.status, self.ended, self._first = None, False, threading.Event()
+        self._conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+        self._thread = threading.Thread(target=self._read, args=(body, path), daemon=True)
+        self._thread.start()
+        self._first.wait(timeout)
+
+    def _read(self, body: dict, path: str) -> None:
+        try:
+            self._conn.request("POST", path, body=json.dumps({**body, "stream": True}),
+                               headers={"Content-Type": "application/json"})  # fmt: skip
+            r = self._conn.getresponse()
+            if r.status == 200:
+                for line in r:
+                    if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                        chunk = json.loads(line[6:])
+                        if chunk.get("choices") and chunk["choices"][0].get("text"):
+                            self.status = 200
+                            self._first.set()
+            else:
+                self.status = r.status
+                r.read()
+        except OSError:
+            pass
+        finally:
+            self.ended = True
+            self._first.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.status == 200 and not self.ended
+
+    def close(self) -> None:
+        self._conn.close()
+        self._thread.join(5)

@@ -114,6 +114,7 @@ class Soak:
     def __init__(self, served: Served, cfg: SoakConfig, out: Path | None = None):
         self.served, self.cfg, self.out = served, cfg, out
         self.rss_capped: float | None = None
+        self.killed = False  # by the RSS guard
         self.port = served.port
         self.requests: list[dict] = []
         self.samples: list[dict] = []
@@ -238,6 +239,7 @@ class Soak:
             if row["rss"] > 1.25 * self.cfg.max_rss_mib * MiB and self.served.proc.poll() is None:
                 logger.warning("the server's RSS passed 1.25 x --max-rss-mib while winding down: killed")
                 self.served.proc.kill()  # the machine's other users come first
+                self.killed = True
             if self._done.wait(max(0.0, self.cfg.sample_s - (time.monotonic() - t))):
                 return
 
@@ -299,7 +301,9 @@ def rss_verdict(samples: list[dict], cfg: SoakConfig, capped: float | None = Non
             "margin": f"+max({cfg.margin_mib:g} MiB, {cfg.margin_frac:.0%})"}  # fmt: skip
 
 
-def summarize(soak: Soak, answers_after: bool) -> dict:
+def summarize(
+    soak: Soak, answers_after: bool, health: dict | None = None, sessions: dict | None = None
+) -> dict:
     """Counts, throughput, latency and the verdict of one soak."""
     cfg, reqs = soak.cfg, soak.requests
     bad = [r for r in reqs if r["kind"] == "bad"]
@@ -312,7 +316,7 @@ def summarize(soak: Soak, answers_after: bool) -> dict:
     problems = {
         "hung": sum(r["hung"] for r in reqs),
         "server_errors_5xx": sum((r["status"] or 0) >= 500 for r in reqs),
-        "broken_connections": sum(r["status"] is None and not r["hung"] for r in reqs),
+        "broken_connections": sum((r["status"] is None or r["error"] == "incomplete") and not r["hung"] for r in reqs),
         "bad_not_4xx": sum(not (400 <= (r["status"] or 0) < 500) for r in bad),
         "good_refused_unexpectedly": sum(
             r["status"] not in (200, *REFUSALS) and not r.get("restarted") and r["status"] is not None for r in good
@@ -330,8 +334,9 @@ def summarize(soak: Soak, answers_after: bool) -> dict:
         "latency_p50_s": _pct([r["latency_s"] for r in ok], 0.5), "latency_p95_s": _pct([r["latency_s"] for r in ok], 0.95),
         "long_prompt_latency_p50_s": _pct([r["latency_s"] for r in ok if r["kind"] == "long_prompt"], 0.5),
         "long_session_turns": sum(r["kind"] == "long_session" and r["status"] == 200 for r in reqs),
-        "answers_after": answers_after, **problems, **rss_verdict(soak.samples, cfg, soak.rss_capped),
+        "answers_after": answers_after, "server_killed_by_rss_guard": soak.killed, **problems, **rss_verdict(soak.samples, cfg, soak.rss_capped),
     }  # fmt: skip
+    out["health_end"], out["sessions_end"] = health, sessions
     out["faults_ok"] = answers_after and not any(problems.values())
     out["pass"] = out["faults_ok"] and out["rss_ok"]
     return out
@@ -350,16 +355,27 @@ def soak(cfg: SoakConfig, out: Path | None = None) -> tuple[dict, list[dict]]:
     try:
         run = Soak(served, cfg, out)
         run.run()
-        after = stream(served.port, run._body(0, cfg.prompt_tokens, 2, None), timeout=cfg.request_timeout_s)
-        health = call(served.port, "GET", "/health", timeout=30)
-        summary = summarize(run, after["status"] == 200 and after["tokens"] > 0 and health[0] == 200)
-        summary["health_end"] = health[1]
-        summary["sessions_end"] = call(served.port, "GET", "/v1/sessions", timeout=30)[1]
+        summary = summarize(run, *_after(served, run))
     finally:
         served.close()
     if out is not None:
         _write(out, run, summary)
     return summary, run.samples
+
+
+def _after(served: Served, run: Soak) -> tuple[bool, dict | None, dict | None]:
+    """Whether the server still answers a request after the soak, its /health and its /v1/sessions."""
+    if served.proc.poll() is not None:
+        return False, None, None  # it died (or the RSS guard killed it)
+    after = stream(
+        served.port, run._body(0, run.cfg.prompt_tokens, 2, None), timeout=run.cfg.request_timeout_s
+    )
+    try:
+        health = call(served.port, "GET", "/health", timeout=30)
+        sessions = call(served.port, "GET", "/v1/sessions", timeout=30)[1]
+    except OSError:
+        return False, None, None
+    return after["status"] == 200 and after["tokens"] > 0 and health[0] == 200, health[1], sessions
 
 
 def _write(out: Path, run: Soak, summary: dict) -> None:
@@ -380,7 +396,8 @@ def plot(samples: list[dict], summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot([s["t"] for s in samples], [s["rss"] / MiB for s in samples], label="server RSS")
+    alive = [s for s in samples if s["rss"]]  # 0: the server had gone
+    ax.plot([s["t"] for s in alive], [s["rss"] / MiB for s in alive], label="server RSS")
     if summary.get("rss_capped_at_s") is not None:
         ax.axhline(summary["config"]["max_rss_mib"], color="black", ls="--", label="--max-rss-mib: stopped")
     if "rss_limit" in summary:

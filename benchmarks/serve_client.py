@@ -57,7 +57,7 @@ def stream(
     Returns the status, ``latency_s`` (request to last chunk), ``ttft_s`` (to the first chunk with
     text), ``tokens`` (the usage's completion tokens, else the chunks with text), ``dropped``,
     ``hung`` (no end within ``timeout`` seconds), ``error`` (a transport error's name, ``incomplete``
-    for a stream cut before its ``[DONE]``, or the error body's code) and ``sinkwindow`` (the server's extra on the last chunk, where it sends one).
+    for a stream cut before its finish reason or ``[DONE]``, or the error body's code) and ``sinkwindow`` (the server's extra on the last chunk, where it sends one).
     """
     out = {"status": None, "latency_s": None, "ttft_s": None, "tokens": 0, "dropped": False, "hung": False,
            "error": None, "sinkwindow": None}  # fmt: skip
@@ -77,10 +77,12 @@ def stream(
             if time.perf_counter() - t0 > timeout:
                 out["hung"] = True
                 return out
-            done = done or line.strip() == b"data: [DONE]"
-            if not line.startswith(b"data: ") or done:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                done = done or line.startswith(b"data: ")
                 continue
             chunk = json.loads(line[6:])
+            # transformers serve sends no [DONE]: a finish reason ends the answer too.
+            done = done or any(c.get("finish_reason") for c in chunk.get("choices") or [])
             usage = chunk.get("usage") or usage
             out["sinkwindow"] = chunk.get("sinkwindow") or out["sinkwindow"]
             if chunk.get("choices") and chunk["choices"][0].get("text"):

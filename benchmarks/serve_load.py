@@ -213,19 +213,25 @@ def budget(served: Served, method: str, args, tok, out: Path) -> None:
                 "temperature": 0,
             }
             t0 = time.perf_counter()
+            wait = (
+                t_end - time.monotonic() + 60
+            )  # a context that is not there by the time limit does not count
             if method == PEER:
-                conns.append(Held(served.port, {**body, "max_tokens": args.budget_hold_tokens}, timeout=3600))
+                conns.append(Held(served.port, {**body, "max_tokens": args.budget_hold_tokens}, timeout=wait))
                 # Held streams end once they have generated their tokens: count those still running.
                 status, now = conns[-1].status, sum(h.alive for h in conns)
             else:
-                status, _ = call(served.port, "POST", "/v1/completions",
-                                 {**body, "max_tokens": 1, "session_id": f"budget-{k}"}, timeout=3600)  # fmt: skip
-                now = _held(served, method, args)
+                try:
+                    status, _ = call(served.port, "POST", "/v1/completions",
+                                     {**body, "max_tokens": 1, "session_id": f"budget-{k}"}, timeout=wait)  # fmt: skip
+                except TimeoutError:
+                    status = None
+                now = _held(served, method, args) if status == 200 else held
             rss = served.rss()
             _write(out, {"part": "budget-step", "method": method, "context": k + 1, "status": status, "held": now,
                          "server_rss_bytes": rss, "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
             if status != 200:
-                stop = f"refused ({status})"
+                stop = "no answer by --budget-time + 60 s" if status is None else f"refused ({status})"
                 break
             if rss > limit:
                 stop = "RSS over the budget"

@@ -422,8 +422,15 @@ def plot(samples: list[dict], summary: dict, path: Path) -> None:
 
 
 def _pool_keys(samples: list[dict]) -> list[str]:
+    """The /health counts of KV memory in use that changed during the soak (``pool_blocks_used``...)."""
     keys = sorted({k for s in samples for k in s if k.startswith("health.")})
-    return [k for k in keys if any(w in k for w in ("pool", "block", "kv"))]
+    pool = [
+        k
+        for k in keys
+        if any(w in k for w in ("pool", "block", "kv")) and len({s.get(k) for s in samples}) > 1
+    ]
+    used = [k for k in pool if "used" in k and "bytes" not in k]
+    return used or pool
 
 
 def table(samples: list[dict], rows: int = 12) -> str:

@@ -20,6 +20,7 @@ __all__ = ["main", "build_parser"]
 # Subcommand providers: module path -> register(subparsers). Imported lazily, only to build --help.
 _PROVIDERS = (
     "sinkwindow.eval.cli",
+    "sinkwindow.eval.baseline.cli",
     "sinkwindow.bench.cli",
     "sinkwindow.train.cli",
     "sinkwindow.tuning.cli",

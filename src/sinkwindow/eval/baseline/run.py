@@ -167,7 +167,7 @@ def _choose_window(config: BaselineConfig, base_model, budget: int, context: int
         "within_window_at_context": window - 1 >= context,
         "neighbours": neighbour_windows(window, config.sinks),
         "why": f"largest W whose SWA(W, {config.sinks}) cache bound ((W - 1) tokens x the base's per-token KV "
-        f"bytes, every layer) is <= the candidate's state measured after a prefill of {context} tokens; "
+        f"bytes, every layer) is <= the candidate's state, {budget:,} bytes measured after a prefill of {context} tokens; "
         f"the base's SWA cache measured the same way after {context} tokens holds {measured:,} bytes",
     }
 
@@ -303,6 +303,11 @@ def run_baseline(
     """
     out = check_run_dir(out)
     cand = parse_candidate(config.candidate)
+    if not cand.is_method and cand.name == config.base:
+        raise ValueError(
+            f"--candidate and --base are both {cand.name}: its rows would be the base's own full-attention rows; "
+            "give the candidate model (a copy in another folder compares a model with itself)"
+        )
     config.eval_config(
         config.base, ["full", *([cand.spec] if cand.is_method else [])]
     )  # refuse bad input early

@@ -210,6 +210,14 @@ def write_baseline_report(out: str | Path) -> Path:
     if not (out / BASELINE_FILE).is_file():
         raise ValueError(f"{out} holds no {BASELINE_FILE}: run sinkwindow baseline --out {out} first")
     record = json.loads((out / BASELINE_FILE).read_text())
+    # baseline.json sorts its keys; the curves go back to B full, B SWA, C.
+    rank = {"B full": 0, "B SWA": 1, "C ": 2}
+    record["state_curves"] = dict(
+        sorted(
+            record["state_curves"].items(),
+            key=lambda kv: min(r for p, r in rank.items() if kv[0].startswith(p)),
+        )
+    )
     table = pair_table(ResultsStore(out).all_rows(), record)
     plotted = _plot(record, out / PLOT_FILE)
     (out / SUMMARY_FILE).write_text(json.dumps({**table, "choice": record["choice"]}, indent=2, default=str))

@@ -262,3 +262,18 @@ def test_the_command_runs_and_refuses_in_one_line(folders, tmp_path, capsys):
     assert main([*argv[:2], "swa:64:4", *argv[3:]]) != 0
     err = capsys.readouterr().err.strip()
     assert "base's own attention methods" in err and len(err.splitlines()) == 1
+
+
+def test_a_rerun_resumes_and_another_candidate_is_refused(folders, tmp_path):
+    from sinkwindow.eval.baseline.run import BaselineConfig, run_baseline
+    from sinkwindow.runs.folder import RunMismatchError
+
+    config = BaselineConfig(candidate=folders["mamba2"], base=folders["base"], tasks=["niah_single_1"],
+                            lengths=[512], samples=1)  # fmt: skip
+    first = run_baseline(config, tmp_path)
+    rows = (tmp_path / "results.jsonl").read_text()
+    assert run_baseline(config, tmp_path)["choice"] == first["choice"]
+    assert (tmp_path / "results.jsonl").read_text() == rows  # nothing ran twice
+    config.candidate = folders["lfm2"]
+    with pytest.raises(RunMismatchError, match="candidate"):
+        run_baseline(config, tmp_path)

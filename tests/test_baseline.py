@@ -165,6 +165,9 @@ def test_each_family_runs_end_to_end_beside_swa_at_equal_memory(folders, family,
     assert swa_bound_bytes(base_config, w, 4, torch.float32) <= choice["budget_bytes"]
     assert swa_bound_bytes(base_config, w + 1, 4, torch.float32) > choice["budget_bytes"]
     assert choice["swa_bytes_measured"] <= choice["budget_bytes"]
+    # Neighbours past the context would be full attention again: left out, and said so.
+    assert all(n - 1 < context for n in choice["neighbours"])
+    assert all(n - 1 >= context for n in choice["neighbours_left_out"])
     rows = _rows(tmp_path)
     methods = {(r["model"], r["method"]) for r in rows}
     assert methods == {(folders["base"], m) for m in record["roles"]} | {(folders[family], "full")}

@@ -145,7 +145,13 @@ def _markdown(table: dict, record: dict, plotted: bool) -> str:
         f"- C's decoding state after a prefill of {record['eval_context']} tokens: {choice['budget_bytes']:,} bytes "
         f"(every tensor of its cache object, shared storage once).",
         f"- Equal memory: SWA({choice['window']}, {choice['sinks']}), {choice['why']}.",
-        f"- Neighbouring windows: {', '.join(map(str, choice['neighbours']))}.",
+        f"- Neighbouring windows: {', '.join(map(str, choice['neighbours'])) or 'none'}"
+        + (
+            f" ({', '.join(map(str, choice['neighbours_left_out']))} left out: past the context, full attention)"
+            if choice.get("neighbours_left_out")
+            else ""
+        )
+        + ".",
     ]
     if choice["within_window_at_context"]:
         lines.append(

@@ -165,7 +165,9 @@ def _choose_window(config: BaselineConfig, base_model, budget: int, context: int
         "swa_bound_bytes_analytic": swa_bound_bytes(base_model.config, window, config.sinks, dtype),
         "swa_bytes_measured": measured,
         "within_window_at_context": window - 1 >= context,
-        "neighbours": neighbour_windows(window, config.sinks),
+        # A window past the context is full attention at every length evaluated: not run again.
+        "neighbours": [n for n in neighbour_windows(window, config.sinks) if n - 1 < context],
+        "neighbours_left_out": [n for n in neighbour_windows(window, config.sinks) if n - 1 >= context],
         "why": f"largest W whose SWA(W, {config.sinks}) cache bound ((W - 1) tokens x the base's per-token KV "
         f"bytes, every layer) is <= the candidate's state, {budget:,} bytes measured after a prefill of {context} tokens; "
         f"the base's SWA cache measured the same way after {context} tokens holds {measured:,} bytes",

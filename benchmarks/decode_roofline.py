@@ -31,9 +31,9 @@ import torch
 
 import sinkwindow
 from sinkwindow.bench.roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
-from sinkwindow.generate import DecodeStep, decode_speed
-from sinkwindow.memory import analytic_state_bytes
-from sinkwindow.spec import parse_spec
+from sinkwindow.runtime.generate import DecodeStep, decode_speed
+from sinkwindow.runtime.kv_bytes import analytic_state_bytes
+from sinkwindow.runtime.spec import parse_spec
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::mv")
 

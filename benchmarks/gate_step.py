@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import sinkwindow
 from sinkwindow.bench.memory import PeakMemory
-from sinkwindow.cli_args import integer, size
-from sinkwindow.memory import kv_geometry
+from sinkwindow.cli.args import integer, size
+from sinkwindow.runtime.kv_bytes import kv_geometry
 from sinkwindow.tuning.gates import GATE_BLOCK, gated_forward
 
 

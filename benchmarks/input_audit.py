@@ -1466,8 +1466,8 @@ class Runner:
         os.environ.update(self.env)
         import importlib
 
-        for name in ("torch", "transformers", "sinkwindow.cli", "sinkwindow.models", "sinkwindow.patch",
-                     "sinkwindow.prefill", "sinkwindow.generate", "sinkwindow.check", "sinkwindow.eval.runner",
+        for name in ("torch", "transformers", "sinkwindow.cli", "sinkwindow.models.loading", "sinkwindow.runtime.patching",
+                     "sinkwindow.runtime.prefill", "sinkwindow.runtime.generate", "sinkwindow.cli.check", "sinkwindow.eval.runner",
                      "sinkwindow.eval.report", "sinkwindow.bench.suite", "sinkwindow.train.trainer",
                      "sinkwindow.tuning.tune", "sinkwindow.tuning.calibrate", "sinkwindow.linear",
                      "transformers.models.llama.modeling_llama", "matplotlib.pyplot"):  # fmt: skip

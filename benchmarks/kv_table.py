@@ -4,7 +4,7 @@
 
 Nothing is downloaded: the model is its published geometry (32 layers, 32 query heads, 8 KV heads,
 head_dim 128, hidden 4096, MLP 14336, vocabulary 128256) in a ``LlamaConfig``. The KV bytes come
-from ``sinkwindow.memory.analytic_state_bytes`` (bfloat16, batch 1), the weights' bytes from
+from ``sinkwindow.runtime.kv_bytes.analytic_state_bytes`` (bfloat16, batch 1), the weights' bytes from
 a parameter count of the same config built on the meta device, as is the size of the float64
 copy ``sinkwindow check`` compares with (the first ``--layers`` decoder layers, 4 by default, plus
 the embeddings and the head). Prints a Markdown table, then one JSON line with the numbers.
@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sinkwindow import parse_spec
-from sinkwindow.memory import analytic_state_bytes
+from sinkwindow.runtime.kv_bytes import analytic_state_bytes
 
 CONFIG = LlamaConfig(
     num_hidden_layers=32,

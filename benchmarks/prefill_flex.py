@@ -40,11 +40,12 @@ from pathlib import Path
 import torch
 
 import sinkwindow
-from sinkwindow import flex
 from sinkwindow.bench.memory import PeakMemory
-from sinkwindow.cache import SlotOffset
-from sinkwindow.masks import build_sink_window_mask
-from sinkwindow.patch import sinkwindow_flex_attention, sinkwindow_sdpa_attention, text_config
+from sinkwindow.runtime import flex
+from sinkwindow.runtime.attention import sinkwindow_flex_attention, sinkwindow_sdpa_attention
+from sinkwindow.runtime.cache import SlotOffset
+from sinkwindow.runtime.capability import text_config
+from sinkwindow.runtime.masks import build_sink_window_mask
 
 IMPLS = ("sdpa", "flex")
 MODES = ("one-shot", "chunked")

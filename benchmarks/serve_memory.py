@@ -33,7 +33,7 @@ def main() -> None:
     import torch
 
     import sinkwindow
-    from sinkwindow.cli_args import byte_size
+    from sinkwindow.cli.args import byte_size
     from sinkwindow.serve.engine import Engine, Job
     from sinkwindow.serve.sessions import SessionStore
 

@@ -31,8 +31,8 @@ import torch
 import transformers
 
 import sinkwindow
-from sinkwindow.cache import SinkWindowCache
-from sinkwindow.patch import text_config
+from sinkwindow.runtime.cache import SinkWindowCache
+from sinkwindow.runtime.capability import text_config
 
 
 def stream_tokens(tokenizer, n: int) -> torch.Tensor:

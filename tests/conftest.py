@@ -135,7 +135,7 @@ def family_impls(families: list[str]) -> list[tuple[str, str]]:
 
 def has_native_sliding(model) -> bool:
     """Whether some decoder layer has its own sliding window (Gemma 2/3, Mistral, Cohere 2)."""
-    from sinkwindow.patch import native_sliding_layers, text_config
+    from sinkwindow.runtime.capability import native_sliding_layers, text_config
 
     return any(native_sliding_layers(text_config(model)))
 
@@ -187,7 +187,7 @@ def qwen_installed() -> bool:
     """Whether the six Qwen2.5-Coder-0.5B chunk wheels are installed (found, not imported)."""
     import sinkwindow.models
 
-    return sinkwindow.models.is_installed(sinkwindow.PACKAGED_MODELS[QWEN])
+    return sinkwindow.models.loading.is_installed(sinkwindow.PACKAGED_MODELS[QWEN])
 
 
 def skip_without_qwen() -> None:

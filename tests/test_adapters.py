@@ -19,7 +19,7 @@ from sinkwindow.linear.adapters import (
     shipped_adapter,
     verify_adapter,
 )
-from sinkwindow.method import MODEL_NAME_ATTR, use_method
+from sinkwindow.runtime.method import MODEL_NAME_ATTR, use_method
 
 SHIPPED = list_adapters()
 

@@ -27,8 +27,8 @@ def test_a_layer_with_full_kv_heads_reports_what_its_full_heads_hold():
 
 
 def test_check_verifies_the_full_heads_of_a_hybrid_by_head(monkeypatch):
-    from sinkwindow.cache import SinkWindowCache
-    from sinkwindow.check import check_model
+    from sinkwindow.cli.check import check_model
+    from sinkwindow.runtime.cache import SinkWindowCache
 
     spec = sinkwindow.parse_spec("swa:8:2+full:1.1")
     report = check_model(tiny_model("llama"), spec, seq_len=40, name="tiny")
@@ -68,7 +68,7 @@ def test_bad_inputs_get_one_line_naming_what_was_expected():
 
 def test_unreadable_model_and_checkpoint_files_get_one_line(tmp_path):
     from sinkwindow.linear import convert, load_checkpoint, save_checkpoint
-    from sinkwindow.models import _check_gguf
+    from sinkwindow.models.loading import _check_gguf
 
     text = tmp_path / "notes.gguf"
     text.write_text("not a model")
@@ -110,7 +110,7 @@ def test_a_hub_id_without_a_network_fails_at_once_with_the_fix(monkeypatch):
     import transformers
 
     import sinkwindow
-    from sinkwindow import models
+    from sinkwindow.models import loading as models
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
@@ -151,7 +151,7 @@ def test_the_second_audit_gets_one_line_errors_from_the_api():
         with pytest.raises(kind, match=said):
             call()
     if not torch.cuda.is_available():
-        from sinkwindow.models import check_device
+        from sinkwindow.models.loading import check_device
 
         with pytest.raises(ValueError, match="CUDA is not available here"):
             check_device("cuda")

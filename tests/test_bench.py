@@ -35,7 +35,7 @@ from sinkwindow.bench import (
 )
 from sinkwindow.bench.cli import config_from_args, parse_contexts
 from sinkwindow.bench.decode import random_ids
-from sinkwindow.spec import parse_spec
+from sinkwindow.runtime.spec import parse_spec
 
 # GQA (6 query heads over 2 KV heads), sizes that are not powers of two.
 TINY = SyntheticConfig(layers=2, hidden=48, heads=6, kv_heads=2, vocab=101, max_positions=4096)

@@ -14,7 +14,7 @@ from conftest import eager_attentions, eval_pair, tiny_gemma_local_global
 from sinkwindow import apply, make_cache, parse_spec
 from sinkwindow.eval.niah import generate_niah
 from sinkwindow.eval.scheduler import LocalScheduler
-from sinkwindow.models import load
+from sinkwindow.models.loading import load
 from sinkwindow.tuning import (
     CAL_SEED,
     CRITERIA,
@@ -557,7 +557,7 @@ def test_sinks_are_searched_at_equal_bytes_and_the_lowest_answer_nll_kept(pair):
     best = min(res.sinks_tried, key=lambda t: t["nll"])
     assert res.spec == best["spec"] and res.base == f"swa:64:{best['sinks']}"
     # Every hybrid tried costs the same KV bytes: the sinks are among the W slots.
-    from sinkwindow.memory import analytic_state_bytes
+    from sinkwindow.runtime.kv_bytes import analytic_state_bytes
 
     costs = {analytic_state_bytes(parse_spec(t["spec"]), model.config, LENGTH) for t in res.sinks_tried}
     assert len(costs) == 1

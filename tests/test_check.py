@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import sinkwindow
-import sinkwindow.masks as masks
-import sinkwindow.models  # the skipif below reads it at collection, before any test imports it
+import sinkwindow.models.loading  # the skipif below reads it at collection, before any test imports it
+import sinkwindow.runtime.masks as masks
 from conftest import QK_WEIGHTS, QWEN, skip_without_qwen, tiny_config, tiny_model
-from sinkwindow.cache import SinkWindowLayer
-from sinkwindow.check import check_model, default_layers, default_seq_len, truncate_layers, validate_options
+from sinkwindow.cli.check import check_model, default_layers, default_seq_len, truncate_layers, validate_options
+from sinkwindow.runtime.cache import SinkWindowLayer
 from sinkwindow.cli import main
 
 ALL_CHECKS = {
@@ -229,7 +229,7 @@ def test_check_smollm2(smollm2):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not sinkwindow.models.is_installed(sinkwindow.PACKAGED_MODELS["gemma3-270m"]),
+    not sinkwindow.models.loading.is_installed(sinkwindow.PACKAGED_MODELS["gemma3-270m"]),
     reason="gemma3-270m wheels not installed (sinkwindow models prints the pip command)",
 )
 def test_check_gemma3_270m():
@@ -265,7 +265,7 @@ def test_check_holds_hybrid_specs_to_the_reference_and_their_own_bounds():
 
 
 def test_a_full_layer_that_evicts_fails_loudly(monkeypatch):
-    from sinkwindow.cache import FullAttentionLayer
+    from sinkwindow.runtime.cache import FullAttentionLayer
 
     # Loud, not a silently windowed "full" layer.
     monkeypatch.setattr(FullAttentionLayer, "max_persisted", property(lambda self: 7))

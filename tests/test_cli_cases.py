@@ -109,7 +109,7 @@ def test_help_texts_say_what_the_code_does(capsys):
 def test_hybrid_units_and_missing_paths_are_refused_before_the_model_loads(
     tiny_folder, tmp_path, capsys, monkeypatch
 ):
-    import sinkwindow.models as models
+    import sinkwindow.models.loading as models
 
     loads = []
     monkeypatch.setattr(

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sinkwindow import cli_args, resolve
+from sinkwindow.cli import args as cli_args
 from sinkwindow.cli import build_parser, main
+from sinkwindow.models import resolve
 
 
 @pytest.fixture
@@ -329,7 +330,7 @@ def test_debug_traceback_on_the_command_line(place):
 
 
 def _with_command(monkeypatch, fn):
-    import sinkwindow.cli as cli
+    import sinkwindow.cli.app as cli
 
     monkeypatch.setattr(cli, "_cmd_models", fn)
 
@@ -448,7 +449,7 @@ def test_eval_and_report_end_with_one_json_line(tiny_folder, tmp_path, capsys):
 def test_shared_constants_match_their_sources():
     from sinkwindow.eval import babilong, niah, tasks
     from sinkwindow.linear.feature_maps import FEATURE_MAPS
-    from sinkwindow.models import DEFAULT_MODEL
+    from sinkwindow.models.loading import DEFAULT_MODEL
     from sinkwindow.train.cli import FEATURE_MAP_NAMES
 
     assert cli_args.DEFAULT_MODEL == DEFAULT_MODEL
@@ -458,9 +459,9 @@ def test_shared_constants_match_their_sources():
 
 
 def test_models_module_keeps_no_cli_code():
-    import sinkwindow.models
+    import sinkwindow.models.loading
 
-    assert not hasattr(sinkwindow.models, "add_model_argument")
+    assert not hasattr(sinkwindow.models.loading, "add_model_argument")
 
 
 def test_args_module_imports_no_torch():
@@ -468,7 +469,7 @@ def test_args_module_imports_no_torch():
     only the standard library."""
     code = (
         "import sys\n"
-        "import sinkwindow.cli_args, sinkwindow.registry\n"
+        "import sinkwindow.cli.args, sinkwindow.models.packaged\n"
         "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -484,7 +485,7 @@ def test_dry_run_prices_the_sweep_and_loads_nothing(tmp_path, capsys, monkeypatc
     def refuse(*a, **k):
         raise AssertionError("a dry run must not load a model")
 
-    monkeypatch.setattr(sinkwindow.models, "load", refuse)
+    monkeypatch.setattr(sinkwindow.models.loading, "load", refuse)
     out = tmp_path / "never"
     assert main(["compare", "--quick", "--dry-run", "--out", str(out)]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

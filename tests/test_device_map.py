@@ -20,7 +20,7 @@ from sinkwindow.cli import main
 from sinkwindow.eval.fingerprint import device_map_kind, run_settings
 from sinkwindow.eval.runner import EvalConfig, _loader
 from sinkwindow.eval.scheduler import gpus_needed
-from sinkwindow.prefill import input_device
+from sinkwindow.runtime.prefill import input_device
 
 # Every top-level module of conftest's tiny Llama (3 layers): two layers and the head offloaded to
 # disk, the embedding too, so no input can take its device from the first weight.
@@ -107,7 +107,7 @@ def test_gguf_models_are_placed_from_their_converted_copy(tiny_folder, tmp_path,
     cache for the copy, a device map is refused in one line instead of placing nothing."""
     import transformers
 
-    from sinkwindow import models
+    from sinkwindow.models import loading as models
 
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF")

@@ -7,7 +7,7 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.reference import reference_greedy, reference_logits
+from sinkwindow.runtime.reference import reference_greedy, reference_logits
 
 W, S = 8, 2
 

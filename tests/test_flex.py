@@ -18,12 +18,12 @@ from torch.nn.attention.flex_attention import BlockMask, create_mask
 
 import sinkwindow
 from conftest import VOCAB, has_native_sliding, tiny_model
-from sinkwindow import flex
-from sinkwindow.cache import SlotOffset
-from sinkwindow.masks import build_sink_window_mask
-from sinkwindow.plan import AttentionPlan, bind, config_plan, plan_of
-from sinkwindow.reference import reference_greedy, reference_logits
-from sinkwindow.spec import parse_spec
+from sinkwindow.runtime import flex
+from sinkwindow.runtime.cache import SlotOffset
+from sinkwindow.runtime.masks import build_sink_window_mask
+from sinkwindow.runtime.plan import AttentionPlan, bind, config_plan, plan_of
+from sinkwindow.runtime.reference import reference_greedy, reference_logits
+from sinkwindow.runtime.spec import parse_spec
 
 W, S = 8, 2
 
@@ -135,7 +135,7 @@ def test_block_mask_dense_window_and_unrepresentable_layout(caplog):
 
     cfg = LlamaConfig()
     bind([cfg], AttentionPlan(parse_spec("swa:64:2"), "override", flex.FLEX_NAME, "sdpa", fallback="sdpa"))
-    with caplog.at_level(logging.WARNING, logger="sinkwindow.flex"):
+    with caplog.at_level(logging.WARNING, logger="sinkwindow.runtime.flex"):
         out = flex.sinkwindow_flex_mask(1, 260, 260, attention_mask=scattered, config=cfg)
         flex.sinkwindow_flex_mask(1, 260, 260, attention_mask=scattered, config=cfg)
     assert torch.equal(out, build_sink_window_mask(1, 260, 260, 0, 0, 64, 2, scattered))
@@ -272,26 +272,26 @@ def test_flex_failure_falls_back_to_sdpa_with_one_log_line(monkeypatch, caplog):
 
     monkeypatch.setattr(flex, "flex_attention", refuse)
     sinkwindow.apply(model, "swa:8:2", attn_implementation="flex")
-    with caplog.at_level(logging.WARNING, logger="sinkwindow.flex"):
+    with caplog.at_level(logging.WARNING, logger="sinkwindow.runtime.flex"):
         first = model(ids).logits
         again, _ = sinkwindow.prefill(model, ids, chunk_size=9, return_logits="all")
     torch.testing.assert_close(first, dense, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(again, dense, atol=2e-5, rtol=1e-5)
     assert (first - full).abs().max() > 1e-2  # still windowed
-    lines = [r.getMessage() for r in caplog.records if r.name == "sinkwindow.flex"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "sinkwindow.runtime.flex"]
     assert len(lines) == 1 and "no kernel for this shape" in lines[0] and "SDPA" in lines[0]
     assert flex.flex_unavailable_reason("cpu") is not None  # the device stays on SDPA
 
 
 def test_attn_implementation_names():
-    from sinkwindow.patch import _attention_name
+    from sinkwindow.runtime.attention import attention_name as _attention_name
 
     model = tiny_model("llama")
     cls = type(model)
     for name in ("flex", "flex_attention", flex.FLEX_NAME):
         assert _attention_name(cls, name, "sdpa") == flex.FLEX_NAME
     # Flex only when asked for: a model loaded with "flex_attention" keeps running the SDPA path.
-    assert _attention_name(cls, None, "flex_attention") == sinkwindow.patch.SDPA_NAME
+    assert _attention_name(cls, None, "flex_attention") == sinkwindow.runtime.attention.SDPA_NAME
     with sinkwindow.apply(model, "swa:8:2", attn_implementation="flex"):
         assert model.config._attn_implementation == flex.FLEX_NAME
         assert plan_of(model).fallback == "sdpa" and config_plan(model.config) is plan_of(model)

@@ -12,8 +12,8 @@ import torch
 
 from conftest import eval_pair
 from sinkwindow import parse_spec
-from sinkwindow.memory import analytic_state_bytes
-from sinkwindow.spec import MethodSpec
+from sinkwindow.runtime.kv_bytes import analytic_state_bytes
+from sinkwindow.runtime.spec import MethodSpec
 from sinkwindow.tuning.frontier import FrontierConfig, frontier, largest_window, max_units
 
 # The module, not the function the package exports under the same name.

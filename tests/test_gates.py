@@ -8,7 +8,7 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.reference import reference_logits
+from sinkwindow.runtime.reference import reference_logits
 from sinkwindow.tuning.gates import gated_forward, train_gates
 
 SPEC = "swa:8:2"

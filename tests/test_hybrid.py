@@ -14,10 +14,10 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.cache import FullAttentionLayer, HybridHeadLayer, SinkWindowLayer, cache_nbytes
-from sinkwindow.memory import analytic_layer_bytes, analytic_state_bytes
-from sinkwindow.reference import reference_greedy, reference_logits
-from sinkwindow.spec import parse_spec, split_specs
+from sinkwindow.runtime.cache import FullAttentionLayer, HybridHeadLayer, SinkWindowLayer, cache_nbytes
+from sinkwindow.runtime.kv_bytes import analytic_layer_bytes, analytic_state_bytes
+from sinkwindow.runtime.reference import reference_greedy, reference_logits
+from sinkwindow.runtime.spec import parse_spec, split_specs
 
 LENGTH = 37  # past the window (8) and every tiny config's native window
 # Tiny configs: 3 layers, 6 query heads over 2 KV heads (GQA groups of 3).

@@ -11,10 +11,10 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.cache import SinkWindowCache
-from sinkwindow.generate import DecodeStep
-from sinkwindow.kv_pool import KVPool, PoolFullError
-from sinkwindow.paged_cache import PagedSinkWindowCache, pool_shape, ring_positions
+from sinkwindow.runtime.cache import SinkWindowCache
+from sinkwindow.runtime.generate import DecodeStep
+from sinkwindow.runtime.kv_pool import KVPool, PoolFullError
+from sinkwindow.runtime.paged_cache import PagedSinkWindowCache, pool_shape, ring_positions
 from sinkwindow.serve.engine import Engine, Job
 from sinkwindow.serve.sessions import SessionStore
 
@@ -285,7 +285,7 @@ def test_full_attention_requests_that_cannot_fit_get_the_error_while_the_engine_
 
 def test_an_unpooled_session_evicted_frees_its_tensors_without_the_collector():
     """A hybrid keeps per-request caches (its full units grow): eviction empties them at once."""
-    from sinkwindow.cache import cache_nbytes
+    from sinkwindow.runtime.cache import cache_nbytes
 
     model = tiny_model("llama")
     sinkwindow.apply(model, "swa:8:2+full:1")

@@ -26,9 +26,9 @@ def test_the_package_and_the_whole_cli_parser_import_no_torch():
 
 
 def test_a_public_name_is_not_shadowed_by_the_submodule_of_the_same_name():
-    # sinkwindow/prefill.py defines sinkwindow.prefill; linear/convert.py and tuning/calibrate.py alike.
+    # linear/convert.py defines sinkwindow.linear.convert; tuning/calibrate.py alike.
     code = (
-        "import sinkwindow, sinkwindow.prefill, sinkwindow.generate\n"
+        "import sinkwindow, sinkwindow.runtime.prefill, sinkwindow.runtime.generate\n"
         "import sinkwindow.linear.convert, sinkwindow.tuning.calibrate\n"
         "from sinkwindow import linear, tuning\n"
         "names = [sinkwindow.prefill, sinkwindow.generate, linear.convert, tuning.calibrate, tuning.tune]\n"

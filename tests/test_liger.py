@@ -35,7 +35,7 @@ from sinkwindow.linear import (
     unrotate_half,
 )
 from sinkwindow.linear import attention as linear_attention
-from sinkwindow.rope import rotate_half
+from sinkwindow.runtime.rope import rotate_half
 
 F64 = torch.float64
 ATOL = 1e-10

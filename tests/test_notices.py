@@ -3,7 +3,7 @@
 import io
 import logging
 
-from sinkwindow.notices import NOTICES, show_notices
+from sinkwindow.runtime.notices import NOTICES, show_notices
 
 
 def test_notices_are_silent_until_shown_then_printed_once_as_plain_lines(capsys):

@@ -7,7 +7,7 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.reference import reference_greedy, reference_logits
+from sinkwindow.runtime.reference import reference_greedy, reference_logits
 
 LENGTHS = [30, 19, 9, 3]  # one row shorter than the sinks + window, one shorter than W
 

@@ -18,9 +18,9 @@ from conftest import (
     logits_in_fresh_process,
     tiny_model,
 )
-from sinkwindow.patch import native_sliding_layers, text_config
-from sinkwindow.plan import config_plan
-from sinkwindow.reference import reference_logits, reference_mask
+from sinkwindow.runtime.capability import native_sliding_layers, text_config
+from sinkwindow.runtime.plan import config_plan
+from sinkwindow.runtime.reference import reference_logits, reference_mask
 
 # The core families run every case; the others one case of each contract (suite time, see conftest).
 REFERENCE_CASES = [(29, 8, 2), (45, 16, 4), (33, 8, 0)]
@@ -38,7 +38,7 @@ def _ids(length, batch=1, seed=1):
 @pytest.mark.parametrize("family,attn", family_impls(FAMILIES))
 def test_full_and_wide_window_reproduce_unpatched(family, attn):
     model = tiny_model(family, attn)
-    sinkwindow.patch.check_supported(model)
+    sinkwindow.runtime.capability.check_supported(model)
     ids = _ids(37)
     base = model(ids).logits
     # Native sliding layers keep their own window so that W >= L is an exact identity there too.
@@ -46,10 +46,13 @@ def test_full_and_wide_window_reproduce_unpatched(family, attn):
     for spec in ("swa:37:4", "swa:64:0", "swa:500:16"):
         sinkwindow.apply(model, spec, native_sliding=mode)
         torch.testing.assert_close(model(ids).logits, base, atol=1e-5, rtol=1e-5)
-    own_class = sinkwindow.patch.base_class(model)
+    own_class = sinkwindow.runtime.capability.base_class(model)
     sinkwindow.apply(model, "full")
     # The model keeps the context subclass (so `with apply(model, "full")` works) under its own name.
-    assert sinkwindow.patch.base_class(model) is own_class and type(model).__name__ == own_class.__name__
+    assert (
+        sinkwindow.runtime.capability.base_class(model) is own_class
+        and type(model).__name__ == own_class.__name__
+    )
     assert isinstance(model, own_class)
     assert model.config._attn_implementation == attn
     torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
@@ -146,13 +149,13 @@ def test_plain_calls_do_not_leak_into_blocks(tmp_path):
         pass
     assert str(sinkwindow.active_spec(model)) == "swa:16:4"
     sinkwindow.apply(model, "full")
-    assert sinkwindow.patch.base_class(model) is type(model).__mro__[2]
+    assert sinkwindow.runtime.capability.base_class(model) is type(model).__mro__[2]
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     with sinkwindow.apply(model, "swa:8:2"):
         pass
     assert sinkwindow.active_spec(model).is_full
-    assert type(model) is sinkwindow.patch.base_class(model)  # the outermost block's exit
+    assert type(model) is sinkwindow.runtime.capability.base_class(model)  # the outermost block's exit
 
 
 @torch.no_grad()
@@ -162,7 +165,7 @@ def test_after_a_plain_full_call_generate_is_the_unpatched_models():
     expected = model.generate(ids, max_new_tokens=6, do_sample=False)
     sinkwindow.apply(model, "swa:8:2")
     sinkwindow.apply(model, "full")  # leaves the context subclass, unpatched
-    assert type(model) is not sinkwindow.patch.base_class(model)
+    assert type(model) is not sinkwindow.runtime.capability.base_class(model)
     # generate() builds the family's own default cache again (the patched model builds none).
     assert model._supports_default_dynamic_cache()
     torch.testing.assert_close(
@@ -220,12 +223,12 @@ def test_every_tested_family_is_accepted_by_capability():
     seen = set()
     for family in FAMILIES:
         model = tiny_model(family, "eager")
-        assert sinkwindow.patch.unsupported_reason(model) is None, family
+        assert sinkwindow.runtime.capability.unsupported_reason(model) is None, family
         seen |= {model.config.model_type, text_config(model).model_type}
         # conftest skips SDPA exactly where transformers has none.
         assert type(model)._supports_sdpa == (family not in EAGER_ONLY), family
-    assert seen == set(sinkwindow.patch.TESTED_MODEL_TYPES)
-    assert sinkwindow.SUPPORTED_MODEL_TYPES == sinkwindow.patch.TESTED_MODEL_TYPES
+    assert seen == set(sinkwindow.runtime.capability.TESTED_MODEL_TYPES)
+    assert sinkwindow.SUPPORTED_MODEL_TYPES == sinkwindow.runtime.capability.TESTED_MODEL_TYPES
 
 
 def test_model_not_marked_backend_compatible_is_refused():
@@ -242,7 +245,7 @@ def test_a_family_without_the_flag_is_accepted_by_a_probe_forward_and_matches_th
     """StableLM lacks _supports_attention_backend, yet routes attention and masks through the interfaces."""
     model = tiny_model("stablelm")
     assert not type(model)._supports_attention_backend
-    assert sinkwindow.patch.unsupported_reason(model) is None
+    assert sinkwindow.runtime.capability.unsupported_reason(model) is None
     ids = _ids(30)
     base = model(ids).logits
     sinkwindow.apply(model, "swa:8:2")
@@ -264,9 +267,9 @@ def test_the_probe_names_a_layer_that_bypasses_the_attention_interface(monkeypat
         return self.o_proj(self.q_proj(hidden_states)), None
 
     monkeypatch.setattr(modeling_stablelm.StableLmAttention, "forward", by_hand)
-    from sinkwindow.probe import probe_routing
+    from sinkwindow.runtime.probe import probe_routing
 
-    found = probe_routing(tiny_model("stablelm"), sinkwindow.patch._probe_layers)
+    found = probe_routing(tiny_model("stablelm"), sinkwindow.runtime.capability._probe_layers)
     assert found is not None and "decoder layer(s) [1]" in found
 
 
@@ -386,7 +389,7 @@ def test_family_failing_the_contract_tests_has_a_named_refusal():
     )  # fmt: skip
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", experts_implementation="eager")
     message = _refused(model, "unsupported architecture 'gpt_oss'", "learned per-head sink logits")
-    assert sinkwindow.patch.REFUSED_MODEL_TYPES["gpt_oss"] in message
+    assert sinkwindow.runtime.capability.REFUSED_MODEL_TYPES["gpt_oss"] in message
 
 
 def test_encoder_decoder_is_refused():
@@ -408,7 +411,7 @@ def test_family_without_sdpa_runs_its_eager_attention():
     assert sinkwindow.active_spec(model).is_full
     model.config._attn_implementation_internal = "flex_attention"  # no sink-window path: falls back
     sinkwindow.apply(model, "swa:8:2")
-    assert model.config._attn_implementation == sinkwindow.patch.EAGER_NAME
+    assert model.config._attn_implementation == sinkwindow.runtime.attention.EAGER_NAME
     ids = _ids(29)
     torch.testing.assert_close(
         model(ids).logits.double(), reference_logits(model, ids, "swa:8:2"), atol=2e-4, rtol=1e-4
@@ -466,7 +469,7 @@ def test_the_plan_is_one_typed_object_on_the_model_and_never_in_a_saved_config(t
         assert isinstance(plan, sinkwindow.AttentionPlan)
         assert (plan.kind, plan.window, plan.sinks, plan.native_sliding) == ("swa", 8, 2, "override")
         assert plan.full_kv_heads[1] == tuple(range(model.config.num_key_value_heads))
-        assert plan.restores == "sdpa" and plan.attention == sinkwindow.patch.SDPA_NAME
+        assert plan.restores == "sdpa" and plan.attention == sinkwindow.runtime.attention.SDPA_NAME
         assert config_plan(model.config) is plan
         with pytest.raises(AttributeError):
             plan.spec = sinkwindow.parse_spec("swa:4:1")  # frozen: nothing edits a running plan
@@ -491,7 +494,10 @@ def test_a_copy_of_a_patched_model_runs_the_same_window_and_restores_alone(how):
     want = model(ids).logits
     twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
     # The family's class under the context class, so the copy can still open and close blocks.
-    assert type(twin).__name__ == "LlamaForCausalLM" and sinkwindow.patch.base_class(twin) is LlamaForCausalLM
+    assert (
+        type(twin).__name__ == "LlamaForCausalLM"
+        and sinkwindow.runtime.capability.base_class(twin) is LlamaForCausalLM
+    )
     assert twin.config is not model.config and sinkwindow.plan_of(twin) == sinkwindow.plan_of(model)
     torch.testing.assert_close(twin(ids).logits, want, atol=0, rtol=0)
     sinkwindow.apply(model, "full")  # the original's restore leaves the copy patched

@@ -22,7 +22,7 @@ from sinkwindow.bench.report import markdown_report
 from sinkwindow.bench.rows import validate_row
 from sinkwindow.bench.suite import run_bench
 from sinkwindow.bench.targets import check_targets
-from sinkwindow.cache import cache_nbytes
+from sinkwindow.runtime.cache import cache_nbytes
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_cli_takes_peers_in_the_methods_list():
     )
     config = config_from_args(args)
     assert config.methods == ("swa:64:0", "peer:mistral-sw:64", "peer:static-full")
-    assert config.threads is None  # chosen when the run starts (sinkwindow.threads)
+    assert config.threads is None  # chosen when the run starts (sinkwindow.runtime.threads)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--methods", "swa:64:0,peer:mistral-sw:x"])
 

@@ -11,8 +11,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 import sinkwindow
 from conftest import VOCAB, tiny_config, tiny_model
-from sinkwindow.reference import reference_logits
-from sinkwindow.rope import LayerRope
+from sinkwindow.runtime.reference import reference_logits
+from sinkwindow.runtime.rope import LayerRope
 
 W, S = 8, 2
 NATIVE = {"mistral", "gemma3_text"}
@@ -108,7 +108,7 @@ def test_cache_mode_partial_rotary_matches_reference():
 
 @torch.no_grad()
 def test_cache_mode_generate_matches_reference():
-    from sinkwindow.reference import reference_greedy
+    from sinkwindow.runtime.reference import reference_greedy
 
     model = tiny_model("qwen2")
     model.generation_config.eos_token_id = None

@@ -6,8 +6,8 @@ import torch
 
 import sinkwindow
 from conftest import CORE_FAMILIES, FAMILIES, VOCAB, family_impls, has_native_sliding, tiny_model
-from sinkwindow.patch import text_config
-from sinkwindow.reference import reference_greedy
+from sinkwindow.runtime.capability import text_config
+from sinkwindow.runtime.reference import reference_greedy
 
 W, S = 8, 2
 # The core families run every chunk size and spec; the others one case of each contract (suite time).
@@ -70,7 +70,7 @@ def test_chunked_prefill_equals_one_shot(family, attn, chunk):
 @torch.no_grad()
 def test_cache_contents_are_sinks_plus_recent(monkeypatch):
     """Persisted keys equal the keys a one-shot forward computes at the expected absolute positions."""
-    from sinkwindow.cache import SinkWindowLayer
+    from sinkwindow.runtime.cache import SinkWindowLayer
 
     model = tiny_model("llama")
     ids = _ids(40)

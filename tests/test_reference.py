@@ -1,4 +1,4 @@
-"""The reference for the reference: ``sinkwindow.reference`` with ``full`` equals the stock model in float64.
+"""The reference for the reference: ``sinkwindow.runtime.reference`` with ``full`` equals the stock model in float64.
 
 Every fast path is tested against ``reference.py``; this checks that the reference itself reproduces the
 unmodified model (its scaling, softcap, GQA, native sliding layers and padding positions) and does not
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import EAGER_ONLY, FAMILIES, VOCAB, tiny_model
-from sinkwindow.reference import reference_logits
+from sinkwindow.runtime.reference import reference_logits
 
 # Longer than every tiny config's native window (12 for Gemma/Cohere 2, 24 for Mistral).
 LENGTH = 37

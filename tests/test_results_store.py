@@ -412,7 +412,7 @@ def test_model_identity_of_a_folder_follows_its_files(tiny_pair, tmp_path):
 
 def test_packaged_model_is_its_gguf_sha256_hashed_once(tmp_path, monkeypatch):
     import sinkwindow.linear.adapters as adapters
-    import sinkwindow.models as models
+    import sinkwindow.models.loading as models
 
     gguf = tmp_path / "fake.gguf"
     gguf.write_bytes(b"GGUF" + os.urandom(1000))

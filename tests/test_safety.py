@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 import sinkwindow
 from conftest import tiny_model
-from sinkwindow.reference import reference_greedy
+from sinkwindow.runtime.reference import reference_greedy
 
 W, S = 8, 2
 SPEC = f"swa:{W}:{S}"
@@ -166,12 +166,12 @@ def test_prompt_plus_new_tokens_past_the_position_limit_is_refused():
 def test_shrinking_native_local_windows_is_warned_about_once(
     family, spec, policy, warned, caplog, monkeypatch
 ):
-    from sinkwindow import patch
+    from sinkwindow.runtime import patching as patch
 
     monkeypatch.setattr(patch, "_SHRINK_WARNED", set())
     model = tiny_model(family)
     assert patch.shrunk_local_windows(model, sinkwindow.parse_spec(spec), policy) == warned
-    with caplog.at_level("WARNING", logger="sinkwindow.patch"):
+    with caplog.at_level("WARNING", logger="sinkwindow.runtime.patching"):
         sinkwindow.apply(model, spec, native_sliding=policy)
         sinkwindow.apply(model, "full")
         sinkwindow.apply(model, spec, native_sliding=policy)

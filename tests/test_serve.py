@@ -290,8 +290,8 @@ def test_health_reports_the_kv_pool_and_a_request_it_can_never_hold_gets_400(tmp
 
     model, tok = sinkwindow.load(str(make_tiny_folder(tmp_path)), method="full")
     layers = model.config.num_hidden_layers
-    from sinkwindow.kv_pool import block_bytes as _block_bytes
-    from sinkwindow.paged_cache import pool_shape
+    from sinkwindow.runtime.kv_pool import block_bytes as _block_bytes
+    from sinkwindow.runtime.paged_cache import pool_shape
 
     shape = pool_shape(model)
     block_bytes = _block_bytes(shape["kv_heads"], shape["head_dim"], 4, shape["dtype"])

@@ -613,7 +613,7 @@ def test_smollm2s_template_continues_without_its_default_system_prompt_again():
         pytest.skip("SmolLM2 not installed")
     from transformers import AutoTokenizer
 
-    from sinkwindow import models
+    from sinkwindow.models import loading as models
     from sinkwindow.serve.chat import render_continuation, render_first
 
     folder = models._converted_dir(models.resolve_gguf("smollm2-135m"))

@@ -76,7 +76,7 @@ def test_trained_baselines_are_linear_and_unbounded():
 
 
 def test_trained_variants_are_named_with_an_adapter():
-    from sinkwindow.spec import parse_spec
+    from sinkwindow.runtime.spec import parse_spec
 
     lora = parse_spec("swa:256:4@lora")
     assert str(lora) == "swa:256:4@lora" and lora.is_trained and lora.is_windowed

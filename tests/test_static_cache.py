@@ -6,8 +6,8 @@ import torch
 
 import sinkwindow
 from conftest import VOCAB, tiny_model
-from sinkwindow.generate import DecodeStep, decode_speed
-from sinkwindow.reference import reference_greedy
+from sinkwindow.runtime.generate import DecodeStep, decode_speed
+from sinkwindow.runtime.reference import reference_greedy
 
 
 def _ids(length, batch=1, seed=21):
@@ -151,8 +151,8 @@ def test_unsupported_uses_are_refused_clearly():
 @pytest.mark.parametrize("spec", ["swa:8:2", "swa:8:2:cache"])
 def test_rows_of_different_lengths_decode_together_as_they_do_alone(spec):
     """stack_rows / take_rows: requests join and leave a batch; each row's tokens are its own."""
-    from sinkwindow.generate import select_next
-    from sinkwindow.static_cache import stack_rows, take_rows
+    from sinkwindow.runtime.generate import select_next
+    from sinkwindow.runtime.static_cache import stack_rows, take_rows
 
     model = tiny_model("llama")
     sinkwindow.apply(model, spec)

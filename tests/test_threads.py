@@ -1,4 +1,4 @@
-"""The thread-count rule (``sinkwindow.threads``): decided from the request, OMP_NUM_THREADS and the load."""
+"""The thread-count rule (``sinkwindow.runtime.threads``): decided from the request, OMP_NUM_THREADS and the load."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from sinkwindow import threads
-from sinkwindow.threads import choose_threads
+from sinkwindow.runtime import threads
+from sinkwindow.runtime.threads import choose_threads
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_busy_cores_falls_back_to_the_load_average(monkeypatch):
 
 
 def test_apply_threads_decides_once_and_says_so_once(monkeypatch, capsys):
-    from sinkwindow.notices import show_notices
+    from sinkwindow.runtime.notices import show_notices
 
     show_notices()  # what the CLI does; a library caller sees nothing unless it configures logging
     monkeypatch.setattr(threads, "_CHOSEN", None)
@@ -162,7 +162,7 @@ def test_an_automatic_count_is_re_decided_between_cells_and_an_asked_one_is_kept
         assert threads.apply_threads(quiet=True).threads == 1
         assert threads.rechoose_threads() is None  # still busy: no change, nothing logged
         load["busy"] = 0.0
-        with caplog.at_level(logging.WARNING, logger="sinkwindow.threads"):
+        with caplog.at_level(logging.WARNING, logger="sinkwindow.runtime.threads"):
             changed = threads.rechoose_threads()
             assert changed is not None and changed.threads == 2 and torch.get_num_threads() == 2
             assert threads.rechoose_threads() is None  # logged once per change

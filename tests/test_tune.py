@@ -13,8 +13,8 @@ import torch
 
 from conftest import eval_pair
 from sinkwindow import parse_spec
-from sinkwindow.cli_args import byte_size
-from sinkwindow.memory import analytic_state_bytes
+from sinkwindow.cli.args import byte_size
+from sinkwindow.runtime.kv_bytes import analytic_state_bytes
 from sinkwindow.tuning import (
     CAL_SEED,
     EVAL_SEEDS,

@@ -7,7 +7,7 @@ import pytest
 from sinkwindow.eval.summary import summarize
 from sinkwindow.eval.tables import markdown_report
 from sinkwindow.eval.window_split import method_window, needle_in_window, window_split
-from sinkwindow.spec import parse_spec
+from sinkwindow.runtime.spec import parse_spec
 
 
 def test_needle_in_window_boundaries():

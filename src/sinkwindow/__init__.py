@@ -19,14 +19,16 @@ __version__ = "0.1.0"
 __all__ = lazy_package(
     __name__,
     {
-        ".cache": ["SinkWindowCache", "SinkWindowLayer", "cache_nbytes"],
-        ".generate": ["DecodeStep", "decode_speed", "generate"],
-        ".models": ["DEFAULT_MODEL", "PACKAGED_MODELS", "list_models", "load"],
-        ".patch": ["SUPPORTED_MODEL_TYPES", "active_spec", "apply", "make_cache"],
-        ".plan": ["AttentionPlan", "plan_of"],
-        ".prefill": ["PrefillResult", "prefill"],
-        ".spec": ["MethodSpec", "parse_spec"],
-        ".static_cache": ["StaticSinkWindowCache"],
+        ".runtime.cache": ["SinkWindowCache", "SinkWindowLayer", "cache_nbytes"],
+        ".runtime.generate": ["DecodeStep", "decode_speed", "generate"],
+        ".models.loading": ["DEFAULT_MODEL", "PACKAGED_MODELS", "list_models", "load"],
+        ".runtime.capability": ["SUPPORTED_MODEL_TYPES"],
+        ".runtime.patching": ["active_spec", "apply"],
+        ".runtime.make_cache": ["make_cache"],
+        ".runtime.plan": ["AttentionPlan", "plan_of"],
+        ".runtime.prefill": ["PrefillResult", "prefill"],
+        ".runtime.spec": ["MethodSpec", "parse_spec"],
+        ".runtime.static_cache": ["StaticSinkWindowCache"],
     },
 )
 __all__.append("__version__")

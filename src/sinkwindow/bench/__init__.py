@@ -10,7 +10,7 @@ Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``
 (a method's or a peer's setup and fast state fill, ``bench.peers``), ``measure_decode`` /
 ``measure_prefill`` (one row each),
 ``measure_bandwidth`` / ``weight_bytes_per_token`` (the roofline), ``PeakMemory`` (measured
-memory; ``analytic_state_bytes`` and ``cache_nbytes`` come from the core's ``sinkwindow.memory``),
+memory; ``analytic_state_bytes`` and ``cache_nbytes`` come from the core's ``sinkwindow.runtime.kv_bytes``),
 ``check_targets`` / ``write_report``.
 """
 
@@ -20,8 +20,8 @@ from .._lazy import lazy_package
 __all__ = lazy_package(
     __name__,
     {
-        "..cache": ["cache_lengths"],
-        "..memory": ["analytic_state_bytes", "cache_nbytes"],
+        "..runtime.cache": ["cache_lengths"],
+        "..runtime.kv_bytes": ["analytic_state_bytes", "cache_nbytes"],
         ".decode": ["measure_decode", "measure_decode_interleaved", "measure_paired"],
         ".memory": ["PeakMemory"],
         ".methods": ["PEERS", "RUNNERS", "MethodRunner", "MethodUnavailable", "runner_for"],

@@ -24,7 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-from .. import cli_args, cli_errors, resolve
+from ..cli import args as cli_args
+from ..cli import errors as cli_errors
+from ..models import resolve
 from .peers import PEER_HELP, is_peer, parse_peer
 
 __all__ = ["register", "build_parser", "main", "parse_contexts"]
@@ -273,7 +275,7 @@ def _progress(row: dict) -> None:
 def _check_models_and_device(args: argparse.Namespace) -> None:
     """Typos fail now, in one line: a device this machine lacks, a model path that does not exist.
     (A packaged model that is not installed is skipped with a warning, so one bench can span models.)"""
-    from ..models import looks_like_path
+    from ..models.loading import looks_like_path
 
     if args.device is not None:
         resolve.resolve_device(args.device)

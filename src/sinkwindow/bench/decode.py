@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from ..cache import cache_lengths, cache_nbytes
+from ..runtime.cache import cache_lengths, cache_nbytes
 from .memory import PeakMemory
 from .methods import MethodRunner
 

@@ -3,7 +3,7 @@
 ``PeakMemory`` gives the process's peak resident set over a block (Linux lets us reset the
 high-water mark through ``/proc/self/clear_refs``), or CUDA's ``max_memory_allocated``. What a
 method must hold by the config alone (``analytic_state_bytes``) and what a cache object holds
-(``cache_nbytes``) are the core's, in ``sinkwindow.memory``: evaluation and tuning use them too.
+(``cache_nbytes``) are the core's, in ``sinkwindow.runtime.kv_bytes``: evaluation and tuning use them too.
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
-from ..cache import FullAttentionLayer, SinkWindowLayer
-from ..memory import analytic_state_bytes
-from ..method import use_method
-from ..patch import make_cache
-from ..prefill import input_device, prefill
-from ..spec import MethodSpec, parse_spec
+from ..runtime.cache import FullAttentionLayer, SinkWindowLayer
+from ..runtime.kv_bytes import analytic_state_bytes
+from ..runtime.make_cache import make_cache
+from ..runtime.method import use_method
+from ..runtime.prefill import input_device, prefill
+from ..runtime.spec import MethodSpec, parse_spec
 from .peers import is_peer, parse_peer, peer_kind, peer_window
 
 __all__ = [

@@ -77,6 +77,6 @@ def method_name(name: str) -> str:
     """
     if is_peer(name):
         return parse_peer(name)
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     return str(parse_spec(name))

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from ..cache import cache_lengths, cache_nbytes
-from ..prefill import prefill
+from ..runtime.cache import cache_lengths, cache_nbytes
+from ..runtime.prefill import prefill
 from .decode import random_ids, synchronize
 from .memory import PeakMemory
 from .methods import MethodRunner

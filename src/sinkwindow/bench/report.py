@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from ..jsonl import read_jsonl
-from ..spec import parse_spec
+from ..runtime.spec import parse_spec
 from .peers import is_peer, peer_kind, peer_window
 from .rows import ok_rows, row_models, validate_row
 from .targets import check_targets

@@ -30,7 +30,7 @@ must not depend on length, and the default grid runs them to 256K.
 Rows go to ``DIR/bench.jsonl`` as they are measured (a partial run keeps its rows, and a re-run
 with the same settings measures only the missing cells: ``bench.folder``); the
 configuration, environment, bandwidth and torch thread count go to ``DIR/meta.json``. With
-``threads=None`` the count follows ``sinkwindow.threads.apply_threads`` (1 on a busy machine).
+``threads=None`` the count follows ``sinkwindow.runtime.threads.apply_threads`` (1 on a busy machine).
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from pathlib import Path
 
 import torch
 
-from ..memory import kv_geometry
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.sessions import start_session
-from ..spec import parse_spec
-from ..threads import apply_threads
+from ..runtime.kv_bytes import kv_geometry
+from ..runtime.spec import parse_spec
+from ..runtime.threads import apply_threads
 from .decode import measure_decode, measure_decode_interleaved, measure_paired
 from .folder import BENCH_FILE, bench_settings, cell_key, open_bench_folder
 from .memory import current_rss
@@ -118,7 +118,7 @@ class BenchConfig:
             ``None``: 8 GiB capped at 40% of available RAM on CPU, 80% of free memory on CUDA.
         device: ``auto`` (cuda if present), ``cpu`` or ``cuda[:i]``.
         dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``bfloat16``, ``float16``.
-        threads: torch CPU threads (None: ``sinkwindow.threads.choose_threads``: 1 while other
+        threads: torch CPU threads (None: ``sinkwindow.runtime.threads.choose_threads``: 1 while other
             processes load the machine, else every core; ``OMP_NUM_THREADS`` wins).
         synthetic: sizes of the synthetic model.
         bandwidth_mib: buffer for the bandwidth measurement (0 disables the roofline).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..spec import parse_spec
+from ..runtime.spec import parse_spec
 from .peers import is_peer, peer_window
 from .rows import by_context, ok_rows, row_models
 

@@ -8,7 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .. import cli_args, resolve
+from ..cli import args as cli_args
+from ..models.loading import resolve
 from .tasks import (
     ALL_TASKS,
     BABILONG_MIN_LENGTH,
@@ -219,13 +220,13 @@ def _add_babilong_facts(p: argparse.ArgumentParser) -> None:
 
 def _check_units(model: str, methods: list[str]) -> None:
     """Refuse hybrid units the model does not have before it loads, where its config is at hand."""
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     hybrids = [spec for spec in map(parse_spec, methods) if spec.is_hybrid]
     if not hybrids:
         return
-    from ..memory import kv_geometry
-    from ..models import model_config
+    from ..models.loading import model_config
+    from ..runtime.kv_bytes import kv_geometry
 
     config = model_config(model)
     if config is None:
@@ -303,7 +304,7 @@ def compare_methods(model: str, with_checkpoint: set[str] = frozenset()) -> tupl
     an adapter ships for the model or a checkpoint is given. Returns ``(methods, notes on what was left out)``.
     """
     from ..linear.adapters import shipped_adapter
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     methods = [
         m
@@ -437,11 +438,11 @@ def _compare_model(args: argparse.Namespace, cfg):
     (and no short tasks need it here)."""
     import torch
 
-    from ..models import load
+    from ..models.loading import load
 
     scheduled = cfg.workers is not None or cfg.ray is not None
     if not scheduled or args.short_data:
-        from ..threads import apply_threads
+        from ..runtime.threads import apply_threads
 
         apply_threads(args.threads)  # before the load; run_eval keeps this choice
         placement = (

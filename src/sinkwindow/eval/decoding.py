@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..patch import make_cache
-from ..prefill import input_device, prefill
+from ..runtime.make_cache import make_cache
+from ..runtime.prefill import input_device, prefill
 
 __all__ = ["greedy_generate", "greedy_generate_batch", "encode_prompt", "eos_ids", "decode_prepared"]
 
@@ -65,7 +65,7 @@ def greedy_generate_batch(
     Returns:
         The new tokens of each row, without the EOS.
     """
-    from ..generate import generate
+    from ..runtime.generate import generate
 
     if len(prompts) == 1:
         return [greedy_generate(model, prompts[0], max_new_tokens[0], eos_ids, chunk_size)]

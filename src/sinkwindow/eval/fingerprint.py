@@ -159,7 +159,7 @@ def conflicts(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
 def cached_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file, remembered by (resolved path, size, mtime) in ``$SINKWINDOW_CACHE/sha256.json``."""
     from ..linear.adapters import file_sha256
-    from ..models import cache_root
+    from ..models.loading import cache_root
 
     p = Path(path).resolve()
     st = p.stat()
@@ -231,7 +231,7 @@ def folder_identity(path: Path) -> str:
 
 def model_identity(name: str, model=None) -> str:
     """``model_file`` of :func:`run_settings` (see the module docstring)."""
-    from ..models import PACKAGED_MODELS, resolve_gguf
+    from ..models.loading import PACKAGED_MODELS, resolve_gguf
 
     path = Path(name).expanduser()
     if name in PACKAGED_MODELS:
@@ -248,7 +248,7 @@ def model_identity(name: str, model=None) -> str:
 def _param_dtype_device(model) -> tuple[str, str] | None:
     """``(dtype, device kind)`` of a loaded model; the kind is where its inputs go, so a dispatched
     model whose first weights are offloaded (``meta``) still counts as the device it computes on."""
-    from ..prefill import input_device
+    from ..runtime.prefill import input_device
 
     try:
         p = next(model.parameters())
@@ -327,7 +327,7 @@ def run_settings(config, model=None) -> dict[str, Any]:
     """
     import importlib.metadata as md
 
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     dtype = config.dtype or "float32"
     device_map = getattr(config, "device_map", None)
@@ -420,7 +420,7 @@ def lmeval_settings(
     """
     import importlib.metadata as md
 
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     seen = _param_dtype_device(model) if model is not None else None
     if seen is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..prefill import prefill
+from ..runtime.prefill import prefill
 
 __all__ = ["PerplexityResult", "token_nll", "perplexity", "essay_token_windows"]
 

@@ -34,7 +34,7 @@ import logging
 import math
 from pathlib import Path
 
-from ..spec import parse_spec
+from ..runtime.spec import parse_spec
 from .html import md_to_html
 from .plots import render_plots
 from .summary import summarize

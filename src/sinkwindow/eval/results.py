@@ -200,7 +200,7 @@ def check_redo(redo: Collection[str], methods: Collection[str]) -> tuple[str, ..
     Raises:
         ValueError: a bad spec, or one the run does not include (one line naming the fix).
     """
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     canonical = {str(parse_spec(m)) for m in methods}
     out = tuple(dict.fromkeys(str(parse_spec(m)) for m in redo))

@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..linear.adapters import shipped_adapter
-from ..method import use_method
-from ..models import load, load_device_map
-from ..prefill import input_device
+from ..models.loading import load, load_device_map
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.provenance import utc_now
 from ..runs.sessions import start_session
-from ..spec import parse_spec
-from ..threads import apply_threads, rechoose_threads
+from ..runtime.method import use_method
+from ..runtime.prefill import input_device
+from ..runtime.spec import parse_spec
+from ..runtime.threads import apply_threads, rechoose_threads
 from .decoding import eos_ids
 from .fingerprint import device_map_kind, row_fingerprint, run_settings
 from .results import ResultsStore, check_redo, check_resume, row_key
@@ -111,7 +111,7 @@ class EvalConfig:
         ray: run the cells as Ray tasks: ``True`` for a local Ray instance, or a cluster address.
             Neither ``workers`` nor ``ray`` is part of the fingerprint: where a cell runs must
             not change its rows.
-        threads: torch CPU threads of a run in this process; ``None``: ``sinkwindow.threads``
+        threads: torch CPU threads of a run in this process; ``None``: ``sinkwindow.runtime.threads``
             chooses (1 while other processes load the machine, else every core). Workers get
             their own (one each by default, ``eval/scheduler.py``). The count used goes to
             ``config.json`` as ``torch_threads``; it is not part of the fingerprint: threads do
@@ -376,7 +376,7 @@ def run_cell(
 
 def _kv_bytes(model, method: str, length: int, native_sliding: str = "override") -> int | None:
     """Analytic bytes of the method's attention state at ``length`` tokens, batch 1 (what a row's memory costs)."""
-    from ..memory import analytic_state_bytes
+    from ..runtime.kv_bytes import analytic_state_bytes
 
     try:
         return analytic_state_bytes(

@@ -11,7 +11,7 @@ import logging
 import math
 from collections import defaultdict
 
-from ..spec import parse_spec
+from ..runtime.spec import parse_spec
 from .stats import (
     ALPHA,
     Interval,

@@ -8,7 +8,7 @@ import logging
 import math
 from collections import defaultdict
 
-from ..spec import parse_spec
+from ..runtime.spec import parse_spec
 from .stats import (
     ZERO_DENOMINATOR,
     wilson_interval,

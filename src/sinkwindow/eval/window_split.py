@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..jsonl import read_jsonl
-from ..spec import MethodSpec, parse_spec
+from ..runtime.spec import MethodSpec, parse_spec
 
 __all__ = [
     "NEEDLES_FILE",

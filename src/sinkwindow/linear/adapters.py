@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..spec import MethodSpec, parse_spec
+from ..runtime.spec import MethodSpec, parse_spec
 
 __all__ = [
     "ADAPTER_DIR",

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..attributes import RETROFIT_ATTR
-from ..spec import MethodSpec
+from ..runtime.attributes import RETROFIT_ATTR
+from ..runtime.spec import MethodSpec
 from .cache import LinearAttnCache
 from .feature_maps import FEATURE_MAPS
 from .ops import (

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from ..attributes import MODEL_NAME_ATTR
-from ..patch import text_config
-from ..registry import packaged_name
-from ..spec import MethodSpec, parse_spec
+from ..models.packaged import packaged_name
+from ..runtime.attributes import MODEL_NAME_ATTR
+from ..runtime.capability import text_config
+from ..runtime.spec import MethodSpec, parse_spec
 from .attention import LinearVariant
 from .convert import convert, get_retrofit, is_converted
 

@@ -29,10 +29,11 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from ..attributes import CACHE_FACTORY_ATTR
-from ..patch import active_spec, apply, check_supported, text_config
-from ..rope import rope_for_model, rotate_half
-from ..spec import MethodSpec, parse_spec
+from ..runtime.attributes import CACHE_FACTORY_ATTR
+from ..runtime.capability import check_supported, text_config
+from ..runtime.patching import active_spec, apply
+from ..runtime.rope import rope_for_model, rotate_half
+from ..runtime.spec import MethodSpec, parse_spec
 from .attention import (
     ATTN_NAME,
     CACHE_ATTR,

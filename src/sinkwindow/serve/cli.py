@@ -7,7 +7,8 @@ import logging
 import os
 import sys
 
-from .. import cli_args, resolve
+from ..cli import args as cli_args
+from ..models import resolve
 
 __all__ = ["register", "serve_app"]
 

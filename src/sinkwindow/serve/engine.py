@@ -49,13 +49,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from ..attributes import CACHE_FACTORY_ATTR
-from ..generate import DecodeStep, select_next
-from ..kv_pool import KVPool, PoolFullError, PoolRow
-from ..paged_cache import pool_shape
-from ..patch import active_spec, check_positions, make_cache, max_positions
-from ..plan import plan_of
-from ..prefill import input_device, prefill
+from ..runtime.attributes import CACHE_FACTORY_ATTR
+from ..runtime.generate import DecodeStep, select_next
+from ..runtime.hooks import check_positions, max_positions
+from ..runtime.kv_pool import KVPool, PoolFullError, PoolRow
+from ..runtime.make_cache import make_cache
+from ..runtime.paged_cache import pool_shape
+from ..runtime.patching import active_spec
+from ..runtime.plan import plan_of
+from ..runtime.prefill import input_device, prefill
 from .sampling import Sampler, SamplingParams, top_logprobs
 from .sessions import Session, SessionStore
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from transformers.cache_utils import Cache
 
-from ..cache import cache_nbytes
-from ..kv_pool import PoolRow
+from ..runtime.cache import cache_nbytes
+from ..runtime.kv_pool import PoolRow
 
 __all__ = ["Session", "SessionBusyError", "SessionStore"]
 

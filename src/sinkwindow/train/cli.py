@@ -15,7 +15,8 @@ import json
 import logging
 from pathlib import Path
 
-from .. import cli_args, resolve
+from ..cli import args as cli_args
+from ..models.loading import resolve
 from .plateau import describe
 
 __all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]
@@ -57,7 +58,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     import sinkwindow
 
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
     from .trainer import train_baseline
 
     spec = parse_spec(args.method)

@@ -172,7 +172,7 @@ def load_training_data(
     """
     info: dict = {"seq_len": seq_len}
     if source is None or str(source) == "essays":
-        from ..essays import essay_text
+        from ..models.essays import essay_text
 
         ids = tokenizer(essay_text(), add_special_tokens=False).input_ids
         half = ids[len(ids) // 2 :]

@@ -39,7 +39,7 @@ import torch.nn as nn
 from transformers import PreTrainedModel
 
 from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
-from ..notices import NOTICES
+from ..runtime.notices import NOTICES
 from .data import PackedData
 
 __all__ = ["StageConfig", "StageResult", "run_stage"]

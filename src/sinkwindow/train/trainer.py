@@ -25,7 +25,7 @@ from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from ..linear.lora import DEFAULT_LORA, LIGER_LORA
 from ..runs.folder import RunLock
 from ..runs.sessions import start_session
-from ..spec import parse_spec
+from ..runtime.spec import parse_spec
 from .data import load_training_data
 from .plateau import plateau
 from .stage import StageConfig, StageResult, run_stage

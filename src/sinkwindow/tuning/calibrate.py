@@ -46,9 +46,9 @@ from pathlib import Path
 
 import torch
 
-from ..memory import kv_geometry
-from ..method import use_method
-from ..spec import MethodSpec, parse_spec
+from ..runtime.kv_bytes import kv_geometry
+from ..runtime.method import use_method
+from ..runtime.spec import MethodSpec, parse_spec
 from .mass import LAST_QUERIES, mass_scores
 from .memo import Memo, prompts_digest
 from .nll import NllWorkers, greedy_runs, greedy_select, mean_nlls, nll_scores

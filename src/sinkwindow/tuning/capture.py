@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..method import use_method
-from ..prefill import prefill
+from ..runtime.method import use_method
+from ..runtime.prefill import prefill
 from .prompts import CalibrationPrompt
 
 __all__ = ["CAPTURE_ATTENTION", "WeightsCapture", "capture_pass"]
@@ -117,7 +117,7 @@ def capture_pass(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-    from ..patch import eager_attention_for
+    from ..runtime.attention import eager_attention_for
 
     if _ACTIVE is not None:
         raise RuntimeError("one capture pass at a time")

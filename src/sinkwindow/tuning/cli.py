@@ -7,8 +7,9 @@ import json
 import time
 from pathlib import Path
 
-from .. import cli_args, resolve
+from ..cli import args as cli_args
 from ..eval.tasks import ALL_TASKS, GROUPS
+from ..models.loading import resolve
 from ..runs.folder import RunLock, check_run_dir
 
 __all__ = ["register", "CALIBRATE_MIN_LENGTH"]
@@ -26,7 +27,7 @@ CRITERIA = ("nll", "mass", "rank", "gates", "retrieval")
 
 def swa_method(text: str) -> str:
     """``--method`` of calibrate: a plain ``swa:W:S`` (canonical)."""
-    from ..spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     spec = parse_spec(cli_args.method(text))
     if spec.kind != "swa" or spec.positions != "absolute":
@@ -69,7 +70,7 @@ def _seed_flag(p: argparse.ArgumentParser, flag: str, default: int, help: str) -
 
 def _max_positions(model: str) -> int | None:
     """The model's trained positions, read from its config before the weights load (None: unknown)."""
-    from ..models import model_config
+    from ..models.loading import model_config
 
     try:
         cfg = model_config(model)
@@ -95,7 +96,7 @@ def _loader(args):
 
     import torch
 
-    from ..models import load
+    from ..models.loading import load
 
     device = resolve.resolve_device(args.device)
     return functools.partial(load, args.model, device=device, dtype=getattr(torch, args.dtype))

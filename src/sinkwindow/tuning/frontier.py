@@ -47,9 +47,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..memory import analytic_state_bytes
-from ..method import use_method
-from ..spec import MethodSpec, parse_spec
+from ..runtime.kv_bytes import analytic_state_bytes
+from ..runtime.method import use_method
+from ..runtime.spec import MethodSpec, parse_spec
 from .calibrate import calibrate
 from .memo import Memo
 from .nll import NllWorkers, mean_nlls, nll_workers

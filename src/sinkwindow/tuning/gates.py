@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..memory import kv_geometry, native_windows
-from ..reference import reference_mask
-from ..spec import MethodSpec, parse_spec
+from ..runtime.kv_bytes import kv_geometry, native_windows
+from ..runtime.reference import reference_mask
+from ..runtime.spec import MethodSpec, parse_spec
 
 __all__ = ["GATE_BLOCK", "GATES_NAME", "GateResult", "gated_attention", "gated_forward", "train_gates"]
 

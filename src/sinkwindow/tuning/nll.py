@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..method import use_method
-from ..patch import make_cache
-from ..prefill import prefill
-from ..spec import MethodSpec, parse_spec
+from ..runtime.make_cache import make_cache
+from ..runtime.method import use_method
+from ..runtime.prefill import prefill
+from ..runtime.spec import MethodSpec, parse_spec
 from .memo import Memo, prompts_digest
 from .prompts import CalibrationPrompt
 from .units import Unit, check_base_spec, spec_with_units, unit_label

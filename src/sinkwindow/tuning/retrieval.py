@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..memory import kv_geometry
+from ..runtime.kv_bytes import kv_geometry
 from .capture import WeightsCapture, capture_pass
 from .prompts import CalibrationPrompt
 

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from ..memory import analytic_state_bytes, kv_geometry
-from ..method import use_method
-from ..spec import MethodSpec, parse_spec
+from ..runtime.kv_bytes import analytic_state_bytes, kv_geometry
+from ..runtime.method import use_method
+from ..runtime.spec import MethodSpec, parse_spec
 from .calibrate import CRITERIA, provenance, score_units, select_units
 from .mass import LAST_QUERIES
 from .prompts import CAL_SEED, EVAL_SEEDS, calibration_prompts, check_calibration_seed

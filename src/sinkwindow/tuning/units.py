@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..memory import kv_geometry, native_windows
-from ..spec import MethodSpec, parse_spec
+from ..runtime.kv_bytes import kv_geometry, native_windows
+from ..runtime.spec import MethodSpec, parse_spec
 
 __all__ = [
     "UNIT_KINDS",

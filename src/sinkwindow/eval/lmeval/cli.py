@@ -17,7 +17,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ... import cli_args, cli_errors, resolve
+from ...cli import args as cli_args
+from ...cli import errors as cli_errors
+from ...models.loading import resolve
 from .constants import DEFAULT_MAX_BATCH_TOKENS, SHORT_TASKS
 from .runner import LmEvalConfig, run_lmeval
 from .table import recovery_table
@@ -163,7 +165,7 @@ def _cmd_lmeval(args: argparse.Namespace) -> int:
                 f"add it to --tasks or drop it from --limit"
             )
     device, device_map = resolve.resolve_placement(args.device, args.device_map)
-    from ...threads import apply_threads
+    from ...runtime.threads import apply_threads
 
     apply_threads(args.threads)
     config = LmEvalConfig(

@@ -75,8 +75,8 @@ def resolve_dtype(dtype: Any):
 
 
 def switch_method(model, method: str, checkpoint: str | None = None):
-    """``model`` running ``method`` (``sinkwindow.method.use_method``)."""
-    from sinkwindow.method import use_method
+    """``model`` running ``method`` (``sinkwindow.runtime.method.use_method``)."""
+    from sinkwindow.runtime.method import use_method
 
     return use_method(model, method, checkpoint=checkpoint)
 
@@ -120,7 +120,7 @@ class SinkWindowLM(HFLM):
         **kwargs: Any,
     ) -> None:
         import sinkwindow
-        from sinkwindow import resolve
+        from sinkwindow.models import resolve
 
         del data_dir
         # The map decides where each layer goes; HFLM then feeds inputs to model.device.
@@ -155,7 +155,7 @@ class SinkWindowLM(HFLM):
                 raise ValueError(f"SinkWindowLM does not support {key}")
         super().__init__(pretrained=model, tokenizer=tokenizer, backend="causal", **kwargs)
         if getattr(model, "hf_device_map", None):
-            from sinkwindow.prefill import input_device
+            from sinkwindow.runtime.prefill import input_device
 
             # HFLM sends inputs to model.device, the first weight's, which is meta when offloaded.
             self._device = input_device(model)

@@ -435,13 +435,13 @@ def _make_pairs(config: LmEvalConfig, specs, plan, data_path, given, cache_dir: 
     import lm_eval
 
     import sinkwindow
-    from sinkwindow.resolve import resolve_device
+    from sinkwindow.models.resolve import resolve_device
 
     from .model import resolve_dtype
 
     device, device_map = config.device, config.device_map
     if device_map is not None:
-        from sinkwindow.models import load_device_map
+        from sinkwindow.models.loading import load_device_map
 
         from ..fingerprint import device_map_kind
 

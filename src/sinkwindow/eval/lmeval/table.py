@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...runs.sessions import session_lines
-from ...spec import parse_spec
+from ...runtime.spec import parse_spec
 from ..results import ResultsStore, read_jsonl, row_problem
 from ..stats import (
     ALPHA,

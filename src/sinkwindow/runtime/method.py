@@ -15,7 +15,7 @@ import os
 from transformers import PreTrainedModel
 
 from .attributes import MODEL_NAME_ATTR, RETROFIT_ATTR
-from .patch import apply
+from .patching import apply
 from .spec import MethodSpec, parse_spec
 
 __all__ = ["MODEL_NAME_ATTR", "model_name", "use_method"]
@@ -63,12 +63,12 @@ def use_method(
             f"it was trained as (SWA + LoRA is {spec.base}@NAME, e.g. swa:256:4@lora; or lolcats:W, liger:W, linear)"
         )
     if getattr(model, RETROFIT_ATTR, None) is not None:
-        from .linear import revert  # noqa: PLC0415 - the linear stack (peft) is optional
+        from ..linear import revert  # noqa: PLC0415 - the linear stack (peft) is optional
 
         revert(model)
     apply(model, "full")
     if spec.is_trained:
-        from .linear import convert, load_linear, shipped_adapter  # noqa: PLC0415
+        from ..linear import convert, load_linear, shipped_adapter  # noqa: PLC0415
 
         if checkpoint is None and allow_untrained and shipped_adapter(model_name(model), spec) is None:
             logger.warning(

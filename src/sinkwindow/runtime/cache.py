@@ -386,7 +386,7 @@ class HybridHeadLayer(SinkWindowLayer):
         keys[:, swa_heads, :n_swa]   = the SWA store (+ chunk)     keys[:, swa_heads, n_swa:]  = 0
         keys[:, full_heads, n_swa:]  = the full store (+ chunk)    keys[:, full_heads, :n_swa] = 0
 
-    and the attention function (``hybrid.attention``) masks each head to its own half.
+    and the attention function (``full_units.attention``) masks each head to its own half.
 
     Args:
         window, sinks: the SWA heads' w and s.
@@ -506,7 +506,7 @@ class SinkWindowCache(Cache):
             if isinstance(layer, HybridHeadLayer):
                 layer.full._cache = self
         # transformers sizes the (one) full-attention mask against the first non-sliding layer; for a
-        # hybrid that must be a windowed layer, since the full layers build their own (hybrid.py). It
+        # hybrid that must be a windowed layer, since the full layers build their own (full_units.py). It
         # must be a *global* windowed layer where there is one: under native_sliding="keep" (Gemma 3)
         # the first windowed layer is a native local one, whose longer window would size the mask
         # that the windowed globals get.
@@ -526,7 +526,7 @@ class SinkWindowCache(Cache):
         self.padded = False
         self.real_seen: torch.Tensor | None = None
         self.plan: StepPlan | None = None
-        # A hybrid's full-attention masks of the running forward (hybrid.full_mask), by shape.
+        # A hybrid's full-attention masks of the running forward (full_units.full_mask), by shape.
         self.full_masks: dict = {}
         # What made this cache, set by ``patch.make_cache``: the spec string and native-sliding
         # policy, and a check that the model still runs them (a closure over a weak reference), so a

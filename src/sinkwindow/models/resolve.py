@@ -26,7 +26,7 @@ def resolve_checkpoints(
     Raises:
         ValueError: naming the fix.
     """
-    from .spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     methods = list(methods)
     out: dict[str, str] = {}
@@ -69,7 +69,7 @@ def resolve_device(name: str | None) -> str:
     """
     import torch  # noqa: PLC0415 - kept out of parse time
 
-    from .models import check_device
+    from .loading import check_device
 
     if name is None or name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

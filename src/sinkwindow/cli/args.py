@@ -6,7 +6,7 @@ Each flag means one thing everywhere:
   ``k`` = 1024 and ``M`` = 1024**2 (``1k`` = 1024, ``4k`` = 4096, ``1M`` = 1,048,576). Long-context
   results are keyed by these token counts (RULER's 4K is 4096), so a size never means 10**3.
 - ``--method`` / ``--methods``: method specs, comma-separated and/or repeated, each checked with
-  :func:`sinkwindow.spec.parse_spec` while parsing and stored in its canonical spelling.
+  :func:`sinkwindow.runtime.spec.parse_spec` while parsing and stored in its canonical spelling.
 - ``--checkpoint PATH`` or ``METHOD=PATH``: a trained linear baseline; one parser for every command
   (:func:`parse_checkpoint`, :func:`resolve_checkpoints`).
 - ``--out``: a folder, new or one to resume; an existing file is refused. Nothing is created
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # torch-free, so --help stays fast
-from .registry import DEFAULT_MODEL
+from ..models.packaged import DEFAULT_MODEL
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -230,7 +230,7 @@ def non_empty(what: str) -> Callable[[str], str]:
 
 def method(text: str) -> str:
     """One method spec, canonical (``"swa:64"`` -> ``"swa:64:4"``)."""
-    from .spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     try:
         return str(parse_spec(text))
@@ -240,7 +240,7 @@ def method(text: str) -> str:
 
 def linear_method(text: str) -> str:
     """A method spec ``sinkwindow train`` trains: ``lolcats:W``, ``liger:W``, ``linear``, or ``swa:W:S`` (+ LoRA)."""
-    from .spec import parse_spec
+    from ..runtime.spec import parse_spec
 
     spec = method(text)
     parsed = parse_spec(spec)
@@ -262,7 +262,7 @@ def linear_method(text: str) -> str:
 
 
 def _method_items(text: str, other: Callable[[str], str | None] | None = None) -> list[str]:
-    from .spec import split_specs
+    from ..runtime.spec import split_specs
 
     parts = split_specs(text)
     if not any(parts):
@@ -308,7 +308,7 @@ def parse_checkpoint(text: str) -> tuple[str | None, str]:
     name, sep, path = text.partition("=")
     spec: str | None = None
     if sep:
-        from .spec import parse_spec
+        from ..runtime.spec import parse_spec
 
         try:
             parsed = parse_spec(name)
@@ -328,7 +328,7 @@ def parse_checkpoint(text: str) -> tuple[str | None, str]:
         raise argparse.ArgumentTypeError(
             "no checkpoint path: use PATH or METHOD=PATH (e.g. lolcats:64=runs/lolcats64)"
         )
-    from .linear.checkpoint import resolve_checkpoint
+    from ..linear.checkpoint import resolve_checkpoint
 
     try:
         resolve_checkpoint(path)
@@ -399,7 +399,7 @@ def device(text: str) -> str:
 
 def device_map(text: str) -> str | dict[str, int | str]:
     """``type=`` of ``--device-map``: ``models.load_device_map``, and accelerate must be installed."""
-    from .models import accelerate_available, load_device_map
+    from ..models.loading import accelerate_available, load_device_map
 
     try:
         value = load_device_map(text)
@@ -566,7 +566,7 @@ THREADS_HELP = (
 def add_threads(
     p: argparse.ArgumentParser, *, help: str = "torch CPU threads (default: torch's choice)"
 ) -> None:
-    """``--threads N``; commands that choose a count when it is not given (``sinkwindow.threads``:
+    """``--threads N``; commands that choose a count when it is not given (``sinkwindow.runtime.threads``:
     ``bench``, ``eval``, ``compare``) say so with ``help=THREADS_HELP``."""
     # 4096: more than any machine's cores; a typo beyond it would start that many threads.
     p.add_argument("--threads", type=integer(1, 4096, what="--threads"), default=None, help=help)

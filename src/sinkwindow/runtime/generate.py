@@ -23,8 +23,10 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_masks_for_generate
 
 from .cache import SinkWindowCache
+from .hooks import check_positions
+from .make_cache import make_cache
 from .masks import token_positions
-from .patch import active_native_sliding, active_spec, apply, check_positions, make_cache
+from .patching import active_native_sliding, active_spec, apply
 from .prefill import check_token_ids, input_device, prefill
 from .static_cache import StaticSinkWindowCache
 

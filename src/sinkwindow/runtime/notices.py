@@ -13,7 +13,7 @@ import sys
 
 __all__ = ["NOTICES", "show_notices"]
 
-NOTICES = logging.getLogger("sinkwindow.notices")
+NOTICES = logging.getLogger("sinkwindow.runtime.notices")
 
 
 def show_notices(stream=None) -> None:

@@ -31,7 +31,7 @@ class StaticSinkWindowLayer(SinkWindowLayer):
     """
 
     # transformers' generate() pre-builds masks for "compileable" caches before the forward pre-hook that
-    # plans our step has run; we compile the decode step ourselves (sinkwindow.generate), so say no.
+    # plans our step has run; we compile the decode step ourselves (sinkwindow.runtime.generate), so say no.
     is_compileable = False
 
     def __init__(self, window: int, sinks: int, is_sliding: bool = False, rope: LayerRope | None = None):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .registry import DEFAULT_MODEL, PACKAGED_MODELS, PackagedModel, packaged_name
+from .packaged import DEFAULT_MODEL, PACKAGED_MODELS, PackagedModel, packaged_name
 
 __all__ = [
     "PackagedModel",
@@ -316,7 +316,7 @@ def load(
             ``sequential``, a ``{module: device}`` dict or the path of a JSON file holding one
             (:func:`load_device_map`). When accelerate dispatched the model (several devices, or
             offloaded weights), its ``hf_device_map`` says where each layer went; inputs go to
-            ``sinkwindow.prefill.input_device(model)``. Needs ``accelerate``.
+            ``sinkwindow.runtime.prefill.input_device(model)``. Needs ``accelerate``.
 
     Raises:
         FileNotFoundError / ValueError: naming the fix (the pip command for packaged models, the
@@ -378,7 +378,7 @@ def load(
     model = model.eval()  # a dispatched model stays where accelerate put it: .to() would undo that
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    from .method import MODEL_NAME_ATTR, use_method
+    from ..runtime.method import MODEL_NAME_ATTR, use_method
 
     setattr(model, MODEL_NAME_ATTR, name)
     if method is not None:

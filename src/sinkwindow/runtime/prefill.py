@@ -22,8 +22,10 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from .cache import SinkWindowCache
+from .capability import text_config
+from .make_cache import make_cache
 from .masks import token_positions
-from .patch import active_spec, make_cache, text_config
+from .patching import active_spec
 
 __all__ = ["prefill", "PrefillResult", "check_context", "input_device"]
 

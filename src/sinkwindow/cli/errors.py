@@ -68,10 +68,10 @@ def run_reporting_errors(fn: Callable[[], int | None], *, prog: str, debug: bool
     """Run ``fn`` and turn user errors into ``PROG: error: <one line>`` and exit code 2.
 
     Ctrl-C gives exit code 130. With ``debug`` both are re-raised with their traceback; other
-    exceptions (bugs) always are. A command's notices (``sinkwindow.notices``: threads chosen,
+    exceptions (bugs) always are. A command's notices (``sinkwindow.runtime.notices``: threads chosen,
     training progress) are shown on stderr while it runs.
     """
-    from .notices import show_notices
+    from ..runtime.notices import show_notices
 
     show_notices()
     try:

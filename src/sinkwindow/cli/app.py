@@ -13,7 +13,9 @@ import logging
 import sys
 import time
 
-from . import cli_args, cli_errors, resolve
+from ..models import resolve
+from . import args as cli_args
+from . import errors as cli_errors
 
 __all__ = ["main", "build_parser"]
 
@@ -73,7 +75,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     new = out[0, ids.shape[1] :]
     print(tok.decode(new, skip_special_tokens=True))
     # Whatever the method's cache is (bounded KV, growing KV, linear state + FIFO), measured alike.
-    kv_entries = max(sinkwindow.cache.cache_lengths(cache), default=0)
+    kv_entries = max(sinkwindow.runtime.cache.cache_lengths(cache), default=0)
     kv_bytes = sinkwindow.cache_nbytes(cache)
     info = {
         "model": args.model,
@@ -129,9 +131,9 @@ _ADAPTER_FIELDS = (
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .linear.adapters import list_adapters
-    from .models import DEFAULT_MODEL, list_models
-    from .patch import TESTED_MODEL_TYPES
+    from ..linear.adapters import list_adapters
+    from ..models.loading import DEFAULT_MODEL, list_models
+    from ..runtime.capability import TESTED_MODEL_TYPES
 
     rows = list_models()
     if not args.json:

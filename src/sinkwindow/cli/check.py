@@ -41,17 +41,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .cache import SinkWindowCache
-from .patch import (
-    apply,
-    base_class,
-    make_cache,
-    native_sliding_layers,
-    text_config,
-)
-from .prefill import input_device, prefill
-from .reference import reference_logits
-from .spec import MethodSpec, parse_spec
+from ..runtime.cache import SinkWindowCache
+from ..runtime.capability import base_class, native_sliding_layers, text_config
+from ..runtime.make_cache import make_cache
+from ..runtime.patching import apply
+from ..runtime.prefill import input_device, prefill
+from ..runtime.reference import reference_logits
+from ..runtime.spec import MethodSpec, parse_spec
 
 __all__ = [
     "CheckResult",

@@ -148,7 +148,7 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
 
 def _native_window(module) -> int | None:
     """The layer's own sliding window, if the architecture gives it one (read from the config)."""
-    from .patch import native_sliding_layers
+    from .capability import native_sliding_layers
 
     cfg = module.config
     layer_types = getattr(cfg, _REF_ATTR)["layer_types"]
@@ -166,7 +166,8 @@ def _reference_mask_builder(*args, **kwargs):
 
 def reference_model(model: PreTrainedModel, spec: str | MethodSpec, native_sliding: str = "override"):
     """A float64 deep copy of ``model`` (unpatched) that runs ``spec`` through ``reference_attention``."""
-    from .patch import all_configs, apply, kv_heads_of  # local: patch imports nothing from here
+    from .capability import all_configs, kv_heads_of
+    from .patching import apply  # local: patch imports nothing from here
     from .rope import rope_for_model
 
     spec = parse_spec(spec)

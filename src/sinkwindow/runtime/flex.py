@@ -1,6 +1,6 @@
 """FlexAttention path for SWA(w, s): block-sparse attention over our cache's slot layout.
 
-``apply(model, spec, attn_implementation="flex")`` registers ``sinkwindow_flex`` (``patch._register``):
+``apply(model, spec, attn_implementation="flex")`` registers ``sinkwindow_flex`` (``attention.register_attention``):
 an attention function and a mask builder of the same name, like ``sinkwindow_sdpa``. The builder
 returns a FlexAttention ``BlockMask`` for the calls where flex pays (``use_flex``) and the family's
 own boolean SDPA (or additive eager) mask for the others; the attention function runs whichever it is

@@ -44,7 +44,7 @@ def kv_geometry(config) -> tuple[int, int, int, int]:
 
 def native_windows(config) -> list[int | None]:
     """Per decoder layer, the model's own sliding window (Gemma 3 local layers, Mistral), else None."""
-    from .patch import native_sliding_layers
+    from .capability import native_sliding_layers
 
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     window = getattr(config, "sliding_window", None)

@@ -37,7 +37,7 @@ from sinkwindow.runtime.capability import text_config
 
 def stream_tokens(tokenizer, n: int) -> torch.Tensor:
     """``[n + 1]`` token ids of the essays, repeated until long enough (BOS first when there is one)."""
-    from sinkwindow.eval.haystack import essay_text
+    from sinkwindow.eval.generators.haystack import essay_text
 
     ids = tokenizer(essay_text(), add_special_tokens=False).input_ids
     reps = math.ceil((n + 1) / len(ids))

@@ -7,7 +7,7 @@ Stage 1 is timed three ways on the same random 1,024-token chunks, in one run:
 - ``fast``: ``transfer_step`` as the trainer runs it (window terms under no_grad in query blocks,
   the first w queries skipped, the linear term differentiated on its own);
 - ``batched``: the previous trainer's step (commit 961e809): all layers folded into one
-  ``chunk_hybrid_attn`` call with gradients through the window term, every query;
+  ``chunk_window_linear_attn`` call with gradients through the window term, every query;
 - ``reference``: ``reference_transfer_loss``, layer by layer, then backward.
 
 The teacher forward (the frozen model, once per chunk) is timed on its own too, since it bounds what
@@ -32,7 +32,7 @@ import sinkwindow
 from sinkwindow.linear import convert
 from sinkwindow.linear.convert import get_retrofit
 from sinkwindow.linear.lora import add_lora
-from sinkwindow.linear.ops import chunk_hybrid_attn, repeat_kv
+from sinkwindow.linear.ops import chunk_window_linear_attn, repeat_kv
 from sinkwindow.train.finetune import lm_step
 from sinkwindow.train.transfer import (
     MSE_FACTOR,
@@ -45,7 +45,7 @@ from sinkwindow.train.transfer import (
 
 
 def batched_step(model, ids) -> float:
-    """The stage-1 step before the fast path: one chunk_hybrid_attn over every layer, all queries."""
+    """The stage-1 step before the fast path: one chunk_window_linear_attn over every layer, all queries."""
     rf = get_retrofit(model)
     recs = collect_records(model, ids)
     mods = [rf.modules[r.layer] for r in recs]
@@ -56,7 +56,7 @@ def batched_step(model, ids) -> float:
     phi_q = _stacked_features([m.feature_map_q for m in mods], q)
     phi_k = _stacked_features([m.feature_map_k for m in mods], k)
     omega = torch.cat([m.window_factors.reshape(-1) for m in mods])
-    o, _ = chunk_hybrid_attn(q, k, v, phi_q, phi_k, rf.variant.window, omega, scale=recs[0].scaling)
+    o, _ = chunk_window_linear_attn(q, k, v, phi_q, phi_k, rf.variant.window, omega, scale=recs[0].scaling)
     target = torch.cat([r.target for r in recs], dim=1)
     loss = MSE_FACTOR * (o - target).square().mean()
     loss.backward()

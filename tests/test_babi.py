@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sinkwindow.eval.babi import (
+from sinkwindow.eval.generators.babi import (
     ACTORS,
     BABI_TASKS,
     WINDOW,
@@ -37,7 +37,7 @@ FILES = {
 
 def shipped_file(name: str) -> Path:
     """A file of the bAbI data that ships with the package (``sinkwindow/eval/data/babi/``)."""
-    from sinkwindow.eval.babi import shipped_babi_dir
+    from sinkwindow.eval.generators.babi import shipped_babi_dir
 
     return Path(str(shipped_babi_dir())) / name
 
@@ -394,7 +394,12 @@ def test_unknown_task_rejected():
 
 
 def test_babilong_questions_order_and_index():
-    from sinkwindow.eval.babi import BABI_TEST_FILES, babilong_questions, babilong_subset, shipped_babi_dir
+    from sinkwindow.eval.generators.babi import (
+        BABI_TEST_FILES,
+        babilong_questions,
+        babilong_subset,
+        shipped_babi_dir,
+    )
 
     subset = babilong_subset()
     for task in BABI_TASKS:
@@ -407,7 +412,7 @@ def test_babilong_questions_order_and_index():
 
 
 def test_babilong_questions_from_a_folder(tmp_path):
-    from sinkwindow.eval.babi import (
+    from sinkwindow.eval.generators.babi import (
         BABI_TEST_FILES,
         babilong_questions,
         find_babi_test_file,
@@ -430,7 +435,7 @@ def test_babilong_questions_from_a_folder(tmp_path):
 
 
 def test_altered_package_data_is_refused(tmp_path, monkeypatch):
-    from sinkwindow.eval import babi
+    from sinkwindow.eval.generators import babi
 
     copy = tmp_path / "babi"
     shutil.copytree(Path(str(babi.shipped_babi_dir())), copy)

@@ -12,9 +12,15 @@ from pathlib import Path
 import pytest
 
 import sinkwindow
-from sinkwindow.eval import haystack
-from sinkwindow.eval.babi import BABI_TASKS, BabiSample, babi_sample, load_babi_file, shipped_babi_dir
-from sinkwindow.eval.babilong import (
+from sinkwindow.eval.generators import haystack
+from sinkwindow.eval.generators.babi import (
+    BABI_TASKS,
+    BabiSample,
+    babi_sample,
+    load_babi_file,
+    shipped_babi_dir,
+)
+from sinkwindow.eval.generators.babilong import (
     DEFAULT_PROMPTS,
     LENGTHS,
     TASK_LABELS,
@@ -522,7 +528,7 @@ def test_package_data_found_without_the_checkout(tmp_path, monkeypatch):
     folder = Path(str(shipped_babi_dir())).resolve()
     assert folder == SHIPPED
     assert folder.is_relative_to(Path(sinkwindow.__file__).resolve().parent)
-    from sinkwindow.eval.babi import babilong_questions
+    from sinkwindow.eval.generators.babi import babilong_questions
 
     for task in BABI_TASKS:
         assert len(babilong_questions(task)) == 1000

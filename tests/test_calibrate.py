@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from conftest import eager_attentions, eval_pair, tiny_gemma_local_global
 from sinkwindow import apply, make_cache, parse_spec
-from sinkwindow.eval.niah import generate_niah
+from sinkwindow.eval.generators.niah import generate_niah
 from sinkwindow.eval.scheduler import LocalScheduler
 from sinkwindow.models.loading import load
 from sinkwindow.tuning import (
@@ -595,8 +595,8 @@ def test_calibration_haystacks_share_no_text_with_evaluation_ones(pair):
         # Only RULER's template (the instructions around the haystack) may repeat.
         assert len(shared) < 40, (task, len(shared))
     # The offset starts a sentence: the haystack does not open mid-sentence.
-    from sinkwindow.eval.haystack import essay_words
-    from sinkwindow.eval.niah import _rotated_at_sentence
+    from sinkwindow.eval.generators.haystack import essay_words
+    from sinkwindow.eval.generators.niah import _rotated_at_sentence
 
     words = _rotated_at_sentence(essay_words(), 56_000)
     assert sorted(words) == sorted(essay_words()) and words[-1].endswith((".", "?", "!"))

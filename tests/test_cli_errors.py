@@ -447,7 +447,8 @@ def test_eval_and_report_end_with_one_json_line(tiny_folder, tmp_path, capsys):
 
 
 def test_shared_constants_match_their_sources():
-    from sinkwindow.eval import babilong, niah, tasks
+    from sinkwindow.eval import tasks
+    from sinkwindow.eval.generators import babilong, niah
     from sinkwindow.linear.feature_maps import FEATURE_MAPS
     from sinkwindow.models.loading import DEFAULT_MODEL
     from sinkwindow.train.cli import FEATURE_MAP_NAMES

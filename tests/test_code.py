@@ -1,12 +1,12 @@
-"""The lcc task's samples (eval/code.py): stdlib next-line completion, its budget and its evidence."""
+"""The lcc task's samples (eval/generators/code.py): stdlib next-line completion, its budget and its evidence."""
 
 import ast
 import textwrap
 
 import pytest
 
-from sinkwindow.eval import code
-from sinkwindow.eval.code import (
+from sinkwindow.eval.generators import code
+from sinkwindow.eval.generators.code import (
     MAX_NEW_TOKENS,
     PROMPT,
     answer_lines,

@@ -13,7 +13,7 @@ from sinkwindow.eval.results import ResultsStore
 from sinkwindow.eval.summary import summarize
 from sinkwindow.eval.tables import markdown_report
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 
 def niah(method: str, length: int, scores: list[int], task: str = "niah_single_3") -> list[dict]:

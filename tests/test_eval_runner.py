@@ -13,7 +13,7 @@ from sinkwindow.eval.results import ResultsStore
 from sinkwindow.eval.runner import EvalConfig, plan_size, run_eval
 from sinkwindow.eval.summary import summarize
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 
 def _config(**kw):
@@ -173,7 +173,7 @@ def test_config_rejects_unknown_tasks_and_untrained_baselines():
 
 
 def test_babilong_fact_source_lands_in_config_and_rows(tiny_pair, tmp_path):
-    from sinkwindow.eval.babi import babi_sample, babilong_questions
+    from sinkwindow.eval.generators.babi import babi_sample, babilong_questions
 
     runs = {}
     for facts in ("real", "generated"):

@@ -320,14 +320,14 @@ def test_a_cache_of_the_plain_spec_is_refused_under_the_hybrid():
 @torch.no_grad()
 def test_bench_fill_leaves_the_state_of_a_real_prefill():
     """The benchmark's fast fill: full stores at n keys, windowed ones at W - 1, bytes as analytic."""
-    from sinkwindow.bench.methods import HybridRunner, runner_for
+    from sinkwindow.bench.methods import FullUnitsRunner, runner_for
 
     model = tiny_model("llama")
     spec = parse_spec("swa:8:2+full:1,2.0")
     n = 60
     ids = _ids(batch=1, length=n)
     runner = runner_for(model, spec)
-    assert isinstance(runner, HybridRunner) and not runner.bounded
+    assert isinstance(runner, FullUnitsRunner) and not runner.bounded
     with runner:
         _, cache = runner.fill(ids, chunk_size=4)
         real = sinkwindow.prefill(model, ids, chunk_size=4).cache

@@ -12,17 +12,17 @@ from sinkwindow.linear import (
     FEATURE_MAPS,
     HedgehogFeatureMap,
     HybridAttnState,
-    chunk_hybrid_attn,
     chunk_linear_attn,
-    hybrid_attn_past_window,
-    hybrid_attn_step,
+    chunk_window_linear_attn,
     linear_attn_step,
-    naive_quadratic_hybrid_attn,
     naive_quadratic_linear_attn,
-    naive_recurrent_hybrid_attn,
+    naive_quadratic_window_linear_attn,
     naive_recurrent_linear_attn,
+    naive_recurrent_window_linear_attn,
     prefill_state,
     repeat_kv,
+    window_linear_attn_past_window,
+    window_linear_attn_step,
     window_softmax_terms,
 )
 
@@ -98,9 +98,11 @@ def test_linear_forms_agree(T: int, C: int) -> None:
 @pytest.mark.parametrize(("T", "W", "affine"), HYBRID)
 def test_hybrid_forms_agree(T: int, W: int, affine: bool) -> None:
     c = Case(T)
-    ref, weights = naive_quadratic_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine)
-    o_rec, (S_rec, z_rec) = naive_recurrent_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine)
-    o_chunk, state = chunk_hybrid_attn(
+    ref, weights = naive_quadratic_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine)
+    o_rec, (S_rec, z_rec) = naive_recurrent_window_linear_attn(
+        c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine
+    )
+    o_chunk, state = chunk_window_linear_attn(
         c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine, output_final_state=True
     )
     close(o_rec, ref)
@@ -115,8 +117,8 @@ def test_hybrid_forms_agree(T: int, W: int, affine: bool) -> None:
 def test_chunked_hybrid_any_block_size(T: int, W: int, block: int) -> None:
     """Window blocks and linear chunks of any size (smaller, larger than w or than L) give the same outputs."""
     c = Case(T)
-    ref, _ = naive_quadratic_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
-    o, state = chunk_hybrid_attn(
+    ref, _ = naive_quadratic_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
+    o, state = chunk_window_linear_attn(
         c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, output_final_state=True, block=block
     )
     close(o, ref)
@@ -129,13 +131,13 @@ def test_chunked_hybrid_any_block_size(T: int, W: int, block: int) -> None:
     [(200, 16, 3, 64), (200, 64, 1, 7), (65, 64, 3, 64), (64, 64, 3, 64), (10, 16, 3, 64), (129, 1, 1, 5)],
 )
 def test_past_window_form_equals_chunked_tail(T: int, W: int, Hkv: int, block: int) -> None:
-    """Stage 1's fast path: window terms in blocks + re-indexed linear term == chunk_hybrid_attn[w:]."""
+    """Stage 1's fast path: window terms in blocks + re-indexed linear term == chunk_window_linear_attn[w:]."""
     c = Case(T, Hkv=Hkv)
-    ref, _ = chunk_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True)
+    ref, _ = chunk_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True)
     n = max(T - W, 0)
     terms = window_softmax_terms(c.q, c.kh, c.vh, W, block=block)
     assert terms[0].shape == (*c.q.shape[:2], n, c.q.shape[-1]) and terms[1].shape == (*c.q.shape[:2], n)
-    o = hybrid_attn_past_window(
+    o = window_linear_attn_past_window(
         c.qf[:, :, T - n :], c.kf[:, :, :n], c.vh[:, :, :n], terms, c.omega, affine=True, chunk_size=block
     )
     close(o, ref[:, :, T - n :])
@@ -147,8 +149,8 @@ def test_past_window_form_equals_chunked_tail(T: int, W: int, Hkv: int, block: i
 def test_hybrid_window_boundary_matters() -> None:
     """Guards the comparisons above: an off-by-one window gives a clearly different answer."""
     c = Case(65)
-    o16, _ = chunk_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, 16, c.omega)
-    o17, _ = naive_quadratic_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, 17, c.omega)
+    o16, _ = chunk_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, 16, c.omega)
+    o17, _ = naive_quadratic_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, 17, c.omega)
     assert (o16 - o17).abs().max() > 1e-3
 
 
@@ -158,11 +160,11 @@ def test_hybrid_window_boundary_matters() -> None:
 )
 def test_gqa_recurrent_decode_matches_quadratic(T: int, W: int) -> None:
     c = Case(T, H=9, Hkv=3, b=1)
-    ref, _ = naive_quadratic_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
+    ref, _ = naive_quadratic_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
     state, outs = None, []
     for t in range(T):
         sl = slice(t, t + 1)
-        o, state = hybrid_attn_step(
+        o, state = window_linear_attn_step(
             c.q[:, :, sl], c.k[:, :, sl], c.v[:, :, sl], state, c.fq, c.fk, W, c.omega
         )
         outs.append(o)
@@ -170,7 +172,7 @@ def test_gqa_recurrent_decode_matches_quadratic(T: int, W: int) -> None:
     # The window lives at the 3 key/value heads; S and z at the 9 query heads.
     assert state.k_win.shape == (1, 3, min(T, W), 16)
     assert state.S.shape == (1, 9, 16, 16)
-    _, (S_rec, z_rec) = naive_recurrent_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
+    _, (S_rec, z_rec) = naive_recurrent_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega)
     close(state.S, S_rec)
     close(state.z, z_rec)
 
@@ -193,10 +195,12 @@ def test_gqa_recurrent_decode_matches_quadratic(T: int, W: int) -> None:
 def test_prefill_then_decode_equals_recurrent(P: int, W: int, step: int) -> None:
     T = 80
     c = Case(T, H=9, Hkv=3, b=1)
-    ref, (S_ref, z_ref) = naive_recurrent_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True)
+    ref, (S_ref, z_ref) = naive_recurrent_window_linear_attn(
+        c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True
+    )
 
     p = slice(0, P)
-    o_pre, final = chunk_hybrid_attn(
+    o_pre, final = chunk_window_linear_attn(
         c.q[:, :, p],
         c.kh[:, :, p],
         c.vh[:, :, p],
@@ -213,7 +217,7 @@ def test_prefill_then_decode_equals_recurrent(P: int, W: int, step: int) -> None
     assert state.k_win.shape[-2] == min(P, W)
 
     # The same prompt through the multi-token step from an empty state must give the same state.
-    o_pre2, state2 = hybrid_attn_step(
+    o_pre2, state2 = window_linear_attn_step(
         c.q[:, :, p], c.k[:, :, p], c.v[:, :, p], None, c.fq, c.fk, W, c.omega, True
     )
     close(o_pre2, o_pre)
@@ -223,7 +227,7 @@ def test_prefill_then_decode_equals_recurrent(P: int, W: int, step: int) -> None
     outs = [o_pre]
     for t in range(P, T, step):
         sl = slice(t, min(t + step, T))
-        o, state = hybrid_attn_step(
+        o, state = window_linear_attn_step(
             c.q[:, :, sl], c.k[:, :, sl], c.v[:, :, sl], state, c.fq, c.fk, W, c.omega, True
         )
         outs.append(o)
@@ -259,12 +263,12 @@ def test_hybrid_gamma_to_one_affine_is_swa(T: int, W: int) -> None:
     c = Case(T)
     swa = dense_swa(c.q, c.kh, c.vh, W)
     big = torch.full_like(c.omega, 30.0)  # γ = 1 − 9e-14, λ = 1 − γ
-    o_chunk, _ = chunk_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, big, affine=True)
-    o_quad, _ = naive_quadratic_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, big, affine=True)
+    o_chunk, _ = chunk_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, big, affine=True)
+    o_quad, _ = naive_quadratic_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, big, affine=True)
     close(o_chunk, swa)
     close(o_quad, swa)
     # Without the limit the linear term is visible, so the comparison above can fail.
-    o_mixed, _ = chunk_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True)
+    o_mixed, _ = chunk_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, c.omega, affine=True)
     if T > W:
         assert (o_mixed - swa).abs().max() > 1e-3
 
@@ -275,7 +279,7 @@ def test_hybrid_gamma_to_one_affine_is_swa(T: int, W: int) -> None:
 def test_hybrid_linear_part_is_shifted_linear_attn(T: int, W: int) -> None:
     c = Case(T)
     tiny = torch.full_like(c.omega, -40.0)  # γ ≈ 4e-18, λ = 1
-    o_hyb, _ = chunk_hybrid_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, tiny)
+    o_hyb, _ = chunk_window_linear_attn(c.q, c.kh, c.vh, c.qf, c.kf, W, tiny)
     # eps = 0: a shifted query i ≥ w always sees key 0, so its denominator is positive.
     ref_quad = naive_quadratic_linear_attn(c.qf, shift(c.kf, W), shift(c.vh, W), eps=0.0)
     ref_chunk, _ = chunk_linear_attn(c.qf, shift(c.kf, W), shift(c.vh, W), eps=0.0, chunk_size=32)
@@ -289,7 +293,7 @@ def test_chunked_hybrid_gradients_match_quadratic() -> None:
     c = Case(65, b=1)
     leaves = [t.clone().requires_grad_(True) for t in (c.q, c.kh, c.vh, c.qf, c.kf, c.omega)]
     grads = []
-    for fn in (chunk_hybrid_attn, naive_quadratic_hybrid_attn):
+    for fn in (chunk_window_linear_attn, naive_quadratic_window_linear_attn):
         o, _ = fn(*leaves[:5], 16, leaves[5], affine=True)
         (o * torch.linspace(-1, 1, o.numel(), dtype=F64).reshape(o.shape)).sum().backward()
         grads.append([t.grad.clone() for t in leaves])
@@ -306,16 +310,18 @@ def test_low_precision_inputs_keep_fp32_state() -> None:
     fq, fk = c.fq.float(), c.fk.float()
     qf, kf = fq(q), fk(repeat_kv(k, 3))
     assert qf.dtype == torch.float32
-    o, final = chunk_hybrid_attn(
+    o, final = chunk_window_linear_attn(
         q, repeat_kv(k, 3), repeat_kv(v, 3), qf, kf, 16, c.omega.float(), output_final_state=True
     )
     assert o.dtype == torch.bfloat16 and final.S.dtype == torch.float32
-    ref, _ = naive_quadratic_hybrid_attn(
+    ref, _ = naive_quadratic_window_linear_attn(
         *(x.double() for x in (q, repeat_kv(k, 3), repeat_kv(v, 3), qf, kf)), 16, c.omega
     )
     close(o.double(), ref, atol=2e-2)  # bf16 output rounding
     state = prefill_state(k, v, kf, 16)
-    o1, state = hybrid_attn_step(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:], state, fq, fk, 16, c.omega.float())
+    o1, state = window_linear_attn_step(
+        q[:, :, -1:], k[:, :, -1:], v[:, :, -1:], state, fq, fk, 16, c.omega.float()
+    )
     assert o1.dtype == torch.bfloat16
     assert state.S.dtype == torch.float32 and state.k_win.dtype == torch.bfloat16
 
@@ -335,7 +341,7 @@ def test_decode_state_size_constant_over_2000_steps() -> None:
             q = torch.randn(1, H, 1, D, generator=g)
             k = torch.randn(1, Hkv, 1, D, generator=g)
             v = torch.randn(1, Hkv, 1, D, generator=g)
-            o, hybrid = hybrid_attn_step(q, k, v, hybrid, fq, fk, W, -2.1972245773362196)
+            o, hybrid = window_linear_attn_step(q, k, v, hybrid, fq, fk, W, -2.1972245773362196)
             assert hybrid.k_win.shape[-2] == min(t + 1, W)
             ol, linear = linear_attn_step(fq(q), fk(repeat_kv(k, H // Hkv)), repeat_kv(v, H // Hkv), linear)
             if t >= W - 1:

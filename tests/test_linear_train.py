@@ -100,7 +100,7 @@ def test_batched_students_equal_per_layer_students(spec):
 @pytest.mark.parametrize("spec", [f"lolcats:{W}", "lolcats:30", "linear"])
 def test_fast_transfer_step_equals_reference_loss_and_gradients(spec):
     # The fast path skips the first w queries and differentiates only the linear term; the slow
-    # twin runs chunk_hybrid_attn on every query with gradients throughout. Same loss, same grads.
+    # twin runs chunk_window_linear_attn on every query with gradients throughout. Same loss, same grads.
     model = convert(tiny_model("llama"), spec, init="kaiming")
     params = prepare_transfer(model)
     ids = ids_for(2, 45)

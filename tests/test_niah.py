@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sinkwindow.eval import haystack
-from sinkwindow.eval.haystack import (
+from sinkwindow.eval.generators import haystack
+from sinkwindow.eval.generators.haystack import (
     NOISE_HAYSTACK,
     EssayNotInstalledError,
     PrefixSentences,
@@ -20,7 +20,7 @@ from sinkwindow.eval.haystack import (
     load_essays,
     split_sentences,
 )
-from sinkwindow.eval.niah import (
+from sinkwindow.eval.generators.niah import (
     DEPTHS,
     TASKS,
     _WordList,
@@ -379,7 +379,7 @@ def test_ruler_string_match_hand_cases():
 @pytest.mark.parametrize("task", ["niah_single_1", "niah_single_3"])
 def test_stratified_depths_spread_a_cell_and_keep_its_needles(task, bpe):
     """``--depths stratified``: the same keys and values as RULER's random draws, depths spread evenly."""
-    from sinkwindow.eval.niah import DEPTHS
+    from sinkwindow.eval.generators.niah import DEPTHS
 
     rand = generate_niah(task, bpe, 1024, 8, seed=3)
     strat = generate_niah(task, bpe, 1024, 8, seed=3, depths="stratified")
@@ -396,7 +396,7 @@ def test_stratified_depths_spread_a_cell_and_keep_its_needles(task, bpe):
 
 @pytest.mark.parametrize("task", ["niah_single_1", "niah_single_2", "niah_single_3"])
 def test_needle_tokens_are_the_values_tokens(task, tokenizer):
-    from sinkwindow.eval.niah import needle_tokens
+    from sinkwindow.eval.generators.niah import needle_tokens
 
     for s in generate_niah(task, tokenizer, 512, 3, seed=1):
         start, end = needle_tokens(tokenizer, s.text, s.outputs[0], add_special_tokens=True)

@@ -9,12 +9,12 @@ import json
 import pytest
 
 from sinkwindow.eval.cli import _reference_dir
-from sinkwindow.eval.reference_run import find_reference_run, reference_section
+from sinkwindow.eval.committed_run import find_reference_run, reference_section
 from sinkwindow.eval.report import write_report
 from sinkwindow.eval.summary import summarize
 from sinkwindow.eval.tables import headline_sections
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 
 def niah(

@@ -30,7 +30,7 @@ from sinkwindow.eval.results import ResultsStore, row_key
 from sinkwindow.eval.runner import EvalConfig, plan_size, run_eval
 from sinkwindow.runs.folder import RunLock, RunLockedError, RunMismatchError
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 LOLCATS = "lolcats:16"
 

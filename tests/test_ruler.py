@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("wonderwords")
 
-from sinkwindow.eval import common_words, freq_words, niah_multi, ruler_qa, variable_tracking  # noqa: E402
-from sinkwindow.eval.niah import (  # noqa: E402
+from sinkwindow.eval.generators import common_words, freq_words, niah_multi, ruler_qa, variable_tracking  # noqa: E402
+from sinkwindow.eval.generators.niah import (
     DEPTHS,
     random_value,
     ruler_string_match_all,

@@ -10,7 +10,7 @@ import pytest
 from sinkwindow.eval.report import write_report
 from sinkwindow.eval.results import ResultsStore, row_problem
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 
 def _niah(index: int, score=100.0, **kw) -> dict:

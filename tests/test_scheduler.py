@@ -16,6 +16,7 @@ from collections import Counter
 
 import pytest
 
+from sinkwindow.eval.pricing import PAPER_MODELS, Throughput, cell_tokens, format_sweep_plan, sweep_plan
 from sinkwindow.eval.results import row_key
 from sinkwindow.eval.runner import EvalConfig, plan, planned_keys, run_cell, run_eval
 from sinkwindow.eval.scheduler import (
@@ -26,9 +27,8 @@ from sinkwindow.eval.scheduler import (
     SerialScheduler,
     make_scheduler,
 )
-from sinkwindow.eval.sweep import PAPER_MODELS, Throughput, cell_tokens, format_sweep_plan, sweep_plan
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 try:
     import ray  # noqa: F401

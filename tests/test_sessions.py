@@ -10,9 +10,9 @@ import pytest
 
 from sinkwindow.eval.report import write_report
 from sinkwindow.eval.runner import EvalConfig, run_eval
-from sinkwindow.runs.sessions import machine_info, read_sessions, session_lines, session_summary
+from sinkwindow.runs.session_log import machine_info, read_sessions, session_lines, session_summary
 
-pytest.importorskip("sinkwindow.eval.haystack")
+pytest.importorskip("sinkwindow.eval.generators.haystack")
 
 
 def test_rows_go_to_the_session_that_wrote_them():

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def essay_2k(smollm2):
-    pytest.importorskip("sinkwindow.eval.haystack")
+    pytest.importorskip("sinkwindow.eval.generators.haystack")
     _, tok = smollm2
     return essay_token_windows(tok, 2048, 1)[0]
 

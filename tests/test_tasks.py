@@ -36,7 +36,7 @@ def test_importing_the_registry_imports_neither_torch_nor_a_generator():
     # Flag parsing reads names and limits from it; --help must stay fast.
     code = (
         "import sys, sinkwindow.eval.tasks; "
-        "print(sorted(m for m in ('torch', 'numpy', 'sinkwindow.eval.niah', 'sinkwindow.eval.babilong', 'sinkwindow.eval.code') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'numpy', 'sinkwindow.eval.generators.niah', 'sinkwindow.eval.generators.babilong', 'sinkwindow.eval.generators.code') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -29,7 +29,7 @@ from ..runs.folder import (
     split_method_rows,
     write_settings,
 )
-from ..runs.sessions import SESSIONS_FILE, machine_info
+from ..runs.session_log import SESSIONS_FILE, machine_info
 
 __all__ = ["BENCH_FILE", "BENCH_RUN_FILES", "bench_settings", "cell_key", "open_bench_folder"]
 

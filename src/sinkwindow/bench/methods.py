@@ -400,7 +400,7 @@ def _stores(layer) -> list:
     return [layer] if full is None else [layer, full]
 
 
-class HybridRunner(WindowRunner):
+class FullUnitsRunner(WindowRunner):
     """A hybrid spec (``swa:W:S+full:...``): windowed layers as ``WindowRunner``, full stores as ``FullRunner``.
 
     ``fill`` skips ahead like ``WindowRunner``, then tiles every full-attention store (a full layer, or a
@@ -480,7 +480,7 @@ RUNNERS: dict[str, type[MethodRunner]] = {
     "linear": LinearRunner,
     "lolcats": LinearRunner,
     "liger": LinearRunner,
-    "hybrid": HybridRunner,  # swa:W:S+full:... (looked up by is_hybrid, its kind being swa)
+    "hybrid": FullUnitsRunner,  # swa:W:S+full:... (looked up by is_hybrid, its kind being swa)
 }
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from ..runs.folder import RunLock, check_run_dir
-from ..runs.sessions import start_session
+from ..runs.session_log import start_session
 from ..runtime.kv_bytes import kv_geometry
 from ..runtime.spec import parse_spec
 from ..runtime.threads import apply_threads

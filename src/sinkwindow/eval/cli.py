@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..cli import args as cli_args
-from ..models.loading import resolve
+from ..models import resolve
 from .tasks import (
     ALL_TASKS,
     BABILONG_MIN_LENGTH,
@@ -159,7 +159,7 @@ def _add_common(
 
 
 def _dry_run(cfgs: list) -> int:
-    from .sweep import format_sweep_plan, sweep_plan
+    from .pricing import format_sweep_plan, sweep_plan
 
     plan = sweep_plan(cfgs)
     print(format_sweep_plan(plan))
@@ -339,7 +339,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     size = "full" if args.full else "quick"
     cfg = _compare_config(args, size)
     if args.paper:
-        from .sweep import PAPER_MODELS
+        from .pricing import PAPER_MODELS
 
         return _dry_run(list(PAPER_MODELS))
     if args.dry_run:
@@ -494,7 +494,7 @@ def _reference_dir(value: str) -> str:
 
 def _reference_run(args: argparse.Namespace, model: str) -> Path | None:
     """``--reference-run``: a folder, ``none``, or (unset) the committed ``<date>-<model>-long`` run."""
-    from .reference_run import REFERENCE_SUFFIX, find_reference_run
+    from .committed_run import REFERENCE_SUFFIX, find_reference_run
 
     choice = getattr(args, "reference_run", None)
     if choice == "none":

@@ -111,7 +111,7 @@ def essay_token_windows(tokenizer, context: int, count: int, text: str | None = 
     Gemma-style tokenizers add ``<bos>`` (needed at the start of every window, docs/design.md §3.2);
     the window length counts it.
     """
-    from .haystack import load_essays
+    from .generators.haystack import load_essays
 
     windows: list[torch.Tensor] = []
     pieces = [t for _, t in load_essays()] if text is None else [text]

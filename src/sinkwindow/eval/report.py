@@ -194,10 +194,10 @@ def write_report(
         if section:
             extra += [section, ""]
     if reference_run is not None and Path(reference_run).resolve() != run.resolve():
-        from .reference_run import reference_section
+        from .committed_run import reference_section
 
         extra += reference_section(reference_run, link_from=run)
-    from ..runs.sessions import session_lines
+    from ..runs.session_log import session_lines
 
     extra += session_lines(run, store.all_rows())
     trained, labels = adapter_facts(rows, config)

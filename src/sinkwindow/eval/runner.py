@@ -29,7 +29,7 @@ from ..linear.adapters import shipped_adapter
 from ..models.loading import load, load_device_map
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.provenance import utc_now
-from ..runs.sessions import start_session
+from ..runs.session_log import start_session
 from ..runtime.method import use_method
 from ..runtime.prefill import input_device
 from ..runtime.spec import parse_spec
@@ -185,7 +185,7 @@ class EvalConfig:
         if self.babilong_data is not None:
             if self.babilong_facts != "real":
                 raise ValueError("--babilong-data holds real facts: drop it, or use --babilong-facts real")
-            from .babilong import babilong_data_kind
+            from .generators.babilong import babilong_data_kind
 
             babilong_data_kind(self.babilong_data)  # a one-line error now, not after the model loads
             self.babilong_data = str(self.babilong_data)
@@ -225,7 +225,7 @@ def _check_ruler(config: EvalConfig) -> None:
             f"or drop the task(s)"
         )
     if qa:
-        from .ruler_qa import read_qa
+        from .generators.ruler_qa import read_qa
 
         config.ruler_qa_data = str(config.ruler_qa_data)
         for task in qa:

@@ -72,7 +72,7 @@ def write_needles(run_dir: str | os.PathLike, rows: list[dict], tokenizer) -> in
         ValueError: a regenerated prompt whose length differs from its row's (another tokenizer,
             another sinkwindow version's haystack).
     """
-    from .niah import generate_niah, needle_tokens
+    from .generators.niah import generate_niah, needle_tokens
     from .tasks import NIAH_TASKS
 
     wanted: dict[tuple, int] = {}

@@ -60,10 +60,9 @@ from .ops import (
     LigerAttnState,
     LinearAttnState,
     chunk_gla,
-    chunk_hybrid_attn,
     chunk_liger_attn,
     chunk_linear_attn,
-    hybrid_attn_step,
+    chunk_window_linear_attn,
     liger_attn_step,
     liger_feature_map,
     liger_gate,
@@ -71,6 +70,7 @@ from .ops import (
     prefill_state,
     repeat_kv,
     unrotate_half,
+    window_linear_attn_step,
 )
 
 __all__ = [
@@ -377,12 +377,12 @@ def student_attention(
         if state is None and not output_state:
             # Training and one-shot forwards: the chunked kernel, no state bookkeeping.
             k_h, v_h = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
-            o, _ = chunk_hybrid_attn(
+            o, _ = chunk_window_linear_attn(
                 query, k_h, v_h, fq(query), fk(k_h), variant.window, module.window_factors,
                 affine=variant.affine, scale=scaling,
             )  # fmt: skip
             return o, None
-        return hybrid_attn_step(
+        return window_linear_attn_step(
             query, key, value, state, fq, fk, variant.window, module.window_factors,
             affine=variant.affine, scale=scaling,
         )  # fmt: skip

@@ -22,7 +22,7 @@ Its S is per key/value head because its keys, values and gates are (``ops.chunk_
 
 The layer does no arithmetic itself: ``update`` only counts tokens and hands the new keys back; the
 attention function (``attention.linear_attention_forward``) reads ``state``, advances it with
-``ops.hybrid_attn_step`` / ``ops.linear_attn_step`` / ``ops.liger_attn_step`` and writes it back
+``ops.window_linear_attn_step`` / ``ops.linear_attn_step`` / ``ops.liger_attn_step`` and writes it back
 with ``set_state``. Keys that leave the window need φk, which lives on the attention module, not
 on the cache.
 """

@@ -19,11 +19,11 @@ import torch
 
 __all__ = [
     "naive_quadratic_gla",
-    "naive_quadratic_hybrid_attn",
+    "naive_quadratic_window_linear_attn",
     "naive_quadratic_liger_attn",
     "naive_quadratic_linear_attn",
     "naive_recurrent_gla",
-    "naive_recurrent_hybrid_attn",
+    "naive_recurrent_window_linear_attn",
     "naive_recurrent_liger_attn",
     "naive_recurrent_linear_attn",
 ]
@@ -70,7 +70,7 @@ def naive_quadratic_linear_attn(
     return o.to(v.dtype)
 
 
-def naive_quadratic_hybrid_attn(
+def naive_quadratic_window_linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -165,7 +165,7 @@ def naive_recurrent_linear_attn(
     return torch.stack(outs, dim=2).to(v.dtype), (S, z)
 
 
-def naive_recurrent_hybrid_attn(
+def naive_recurrent_window_linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -184,7 +184,7 @@ def naive_recurrent_hybrid_attn(
     Args:
         q, k, v: (b, H, L, D).
         q_feat, k_feat: (b, H, L, F).
-        window, window_factor, affine, scale: as in ``naive_quadratic_hybrid_attn``.
+        window, window_factor, affine, scale: as in ``naive_quadratic_window_linear_attn``.
 
     Returns:
         o: (b, H, L, D) in ``v.dtype``.

@@ -4,13 +4,13 @@ Each operator comes in three forms that compute the same numbers (to ~1e-15 in f
 
 1. Quadratic, O(L²) (``naive.py``): build the (L, L) weight matrix and mask it. The reference, and
    the only form that returns the attention weights.
-2. Chunked, O(L·C) (``chunk_linear_attn``, ``chunk_hybrid_attn``): for training and prefill. The
+2. Chunked, O(L·C) (``chunk_linear_attn``, ``chunk_window_linear_attn``): for training and prefill. The
    sequence is cut into chunks of C tokens (zero-padded at the end, so any length works); the
    linear part carries an F×D state across chunks and is exact within a chunk with a causal mask.
    For the hybrid, C = w: the softmax window of any query then lies in its own chunk and the one
    before, and the linear part is plain causal linear attention on keys and values shifted right by
    w (key j is "linear" for query i exactly when j + w ≤ i).
-3. Recurrent (``linear_attn_step``, ``hybrid_attn_step``): for decoding. The state is S = Σ φk vᵀ
+3. Recurrent (``linear_attn_step``, ``window_linear_attn_step``): for decoding. The state is S = Σ φk vᵀ
    (F × D) and z = Σ φk (F); the hybrid adds a FIFO of the last ≤ w keys and values, whose keys
    enter S and z only when they leave the window. ``prefill_state`` builds that state from a
    prompt, so prefill-then-decode gives the same outputs as decoding every token.
@@ -69,12 +69,12 @@ __all__ = [
     "LigerAttnState",
     "LinearAttnState",
     "chunk_gla",
-    "chunk_hybrid_attn",
+    "chunk_window_linear_attn",
     "chunk_liger_attn",
     "chunk_linear_attn",
     "gla_step",
-    "hybrid_attn_past_window",
-    "hybrid_attn_step",
+    "window_linear_attn_past_window",
+    "window_linear_attn_step",
     "liger_attn_step",
     "liger_feature_map",
     "liger_gate",
@@ -329,7 +329,7 @@ def _linear_past_window(
     return num[:, :, :n], den[:, :, :n]
 
 
-def chunk_hybrid_attn(
+def chunk_window_linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -345,7 +345,7 @@ def chunk_hybrid_attn(
 ) -> tuple[torch.Tensor, LinearAttnState | None]:
     """LoLCATs hybrid (sliding-window softmax + linear attention, one normaliser) in O(L·w).
 
-    Matches ``naive_quadratic_hybrid_attn``. The window term runs in query blocks against the w +
+    Matches ``naive_quadratic_window_linear_attn``. The window term runs in query blocks against the w +
     block keys covering them (``_window_terms``); the linear term is causal linear attention of
     the queries past the window against the keys before the last w, in chunks of ``block``. Any L
     works. Differentiable in every input, ω included (the window term runs with gradients, unlike
@@ -361,7 +361,7 @@ def chunk_hybrid_attn(
         scale: score scale for the window term, 1/√D by default. The linear term has none.
         initial_state: (S, z) of tokens that are behind the window of every query in this call,
             added to each query's linear term. Tokens still inside some query's window must be
-            passed as part of q/k/v instead (``hybrid_attn_step`` does this with its FIFO).
+            passed as part of q/k/v instead (``window_linear_attn_step`` does this with its FIFO).
         output_final_state: also return the state of the tokens behind the window after the last
             query, i.e. keys j < L − w (plus ``initial_state``).
         block: queries per window block and chunk of the linear term. Default: w/2 within
@@ -433,7 +433,7 @@ def window_softmax_terms(
     i < w are left out: their window is the whole causal prefix and they have no linear term, so
     the hybrid equals softmax attention there whatever the feature maps and γ are (stage 1 gets
     no gradient from them). Queries run in blocks of ``block`` against the w + block keys that
-    cover their windows, which is cheaper than the chunk-pair layout of ``chunk_hybrid_attn`` (2w
+    cover their windows, which is cheaper than the chunk-pair layout of ``chunk_window_linear_attn`` (2w
     keys per query) for w > block. Nothing here depends on trained parameters, so stage 1 runs it
     under ``no_grad`` and only the linear term is differentiated.
 
@@ -458,7 +458,7 @@ def window_softmax_terms(
     return _window_terms(q_[:, :, start:], k_, v_, window, scale, start, block)
 
 
-def hybrid_attn_past_window(
+def window_linear_attn_past_window(
     q_feat: torch.Tensor,
     k_feat: torch.Tensor,
     v: torch.Tensor,
@@ -469,7 +469,7 @@ def hybrid_attn_past_window(
 ) -> torch.Tensor:
     """The hybrid's outputs for queries w … L − 1, given their window terms: stage 1's fast path.
 
-    Equals ``chunk_hybrid_attn(...)[0][:, :, w:]``. Query i ≥ w sees keys j ≤ i − w through the
+    Equals ``chunk_window_linear_attn(...)[0][:, :, w:]``. Query i ≥ w sees keys j ≤ i − w through the
     linear term, which after re-indexing i' = i − w is plain inclusive causal linear attention of
     the queries past the window against the keys before the last w, so no shift or padding to a
     multiple of w is needed and the chunk size is free (64 beats w for large windows).
@@ -535,7 +535,7 @@ def linear_attn_step(
     return (num / den[..., None]).to(v.dtype), LinearAttnState(S, z)
 
 
-def hybrid_attn_step(
+def window_linear_attn_step(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -552,7 +552,7 @@ def hybrid_attn_step(
     T = 1 is the decode step: keys that leave the window are mapped by φk and folded into S and z,
     the new key joins the FIFO, and the query attends over the FIFO (softmax) and S, z (linear).
     T > 1 (chunked prefill, speculative drafts, or a prompt with ``state=None``) runs
-    ``chunk_hybrid_attn`` over the FIFO followed by the new tokens, with S, z as initial state.
+    ``chunk_window_linear_attn`` over the FIFO followed by the new tokens, with S, z as initial state.
 
     Args:
         q: (b, H, T, D), post-RoPE.
@@ -560,7 +560,7 @@ def hybrid_attn_step(
         state: the state after the earlier tokens, or None at the start of a sequence.
         feature_map_q, feature_map_k: φq, φk, (b, H, n, D) -> (b, H, n, F). φk is called on keys
             after ``repeat_kv`` and only when they leave the window (or, for T > 1, on the FIFO).
-        window, window_factor, affine, scale: as in ``chunk_hybrid_attn``.
+        window, window_factor, affine, scale: as in ``chunk_window_linear_attn``.
 
     Returns:
         o: (b, H, T, D) in ``v.dtype``.
@@ -584,7 +584,7 @@ def hybrid_attn_step(
         q_ctx = F.pad(q, (0, 0, n_old, 0))
         phi_q_ctx = F.pad(feature_map_q(q), (0, 0, n_old, 0))
         initial = None if state is None else LinearAttnState(state.S, state.z)
-        o, final = chunk_hybrid_attn(
+        o, final = chunk_window_linear_attn(
             q_ctx, k_h, v_h, phi_q_ctx, feature_map_k(k_h), window, window_factor, affine, scale,
             initial_state=initial, output_final_state=True,
         )  # fmt: skip
@@ -624,13 +624,13 @@ def prefill_state(
     k_feat: torch.Tensor,
     window: int,
 ) -> HybridAttnState:
-    """Decode state after a prompt whose outputs came from ``chunk_hybrid_attn`` (LoLCATs ``update``).
+    """Decode state after a prompt whose outputs came from ``chunk_window_linear_attn`` (LoLCATs ``update``).
 
     S, z sum over the prompt's first P − w tokens (none if P ≤ w); the FIFO holds the last min(P, w).
 
     Args:
         k, v: (b, Hkv, P, D), the prompt's post-RoPE keys and values, *not* expanded.
-        k_feat: (b, H, P, F), φk(repeat_kv(k)), as passed to ``chunk_hybrid_attn``.
+        k_feat: (b, H, P, F), φk(repeat_kv(k)), as passed to ``chunk_window_linear_attn``.
         window: w.
 
     Returns:

@@ -27,7 +27,7 @@ __all__ = lazy_package(
             "split_method_rows", "write_settings",
         ],
         ".provenance": ["check_clean_source", "library_versions", "source_commit", "source_state", "utc_now"],
-        ".sessions": ["SESSIONS_FILE", "machine_info", "read_sessions", "session_lines", "session_summary",
+        ".session_log": ["SESSIONS_FILE", "machine_info", "read_sessions", "session_lines", "session_summary",
                       "start_session"],
     },
 )  # fmt: skip

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from ..cli import args as cli_args
-from ..models.loading import resolve
+from ..models import resolve
 from .plateau import describe
 
 __all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]

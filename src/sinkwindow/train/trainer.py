@@ -24,7 +24,7 @@ from ..linear.attention import DEFAULT_WINDOW_FACTOR
 from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from ..linear.lora import DEFAULT_LORA, LIGER_LORA
 from ..runs.folder import RunLock
-from ..runs.sessions import start_session
+from ..runs.session_log import start_session
 from ..runtime.spec import parse_spec
 from .data import load_training_data
 from .plateau import plateau

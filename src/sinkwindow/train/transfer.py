@@ -11,8 +11,8 @@ LoLCATs runs. ``layer_group`` bounds the memory of that call.
 For the hybrid, only what depends on trained parameters is differentiated: the window's softmax
 terms run under ``no_grad`` (γ multiplies them afterwards), the first w queries are skipped (their
 student output is the teacher's exactly), and the linear term runs over the remaining queries with
-its own chunk size (``hybrid_attn_past_window``). ``reference_transfer_loss`` is the slow twin:
-layer by layer, every query, ``chunk_hybrid_attn`` with gradients throughout; tests hold the two
+its own chunk size (``window_linear_attn_past_window``). ``reference_transfer_loss`` is the slow twin:
+layer by layer, every query, ``chunk_window_linear_attn`` with gradients throughout; tests hold the two
 to the same loss and gradients.
 
 Loss (LoLCATs ``distill_attention_xent_mse``, xent factor 0): ``mse_factor`` × mean over layers of
@@ -33,12 +33,12 @@ from transformers import PreTrainedModel
 from ..linear.attention import Retrofit, TransferRecord
 from ..linear.convert import get_retrofit, set_mode
 from ..linear.feature_maps import ACTIVATIONS, HedgehogFeatureMap
-from ..linear.naive import naive_quadratic_hybrid_attn
+from ..linear.naive import naive_quadratic_window_linear_attn
 from ..linear.ops import (
-    chunk_hybrid_attn,
     chunk_linear_attn,
-    hybrid_attn_past_window,
+    chunk_window_linear_attn,
     repeat_kv,
+    window_linear_attn_past_window,
     window_softmax_terms,
 )
 
@@ -112,7 +112,7 @@ def _group_student(rf: Retrofit, recs: list[TransferRecord]) -> tuple[torch.Tens
             their whole causal prefix: the student equals the teacher there exactly, whatever the
             parameters, so they add nothing to the loss or its gradient. Their window terms do
             not depend on trained parameters either, so they run under ``no_grad`` and only the
-            linear term is differentiated (``hybrid_attn_past_window``).
+            linear term is differentiated (``window_linear_attn_past_window``).
     """
     mods = [rf.modules[r.layer] for r in recs]
     n_rep = recs[0].q.shape[1] // recs[0].k.shape[1]
@@ -128,7 +128,7 @@ def _group_student(rf: Retrofit, recs: list[TransferRecord]) -> tuple[torch.Tens
         phi_q = _stacked_features([m.feature_map_q for m in mods], q[:, :, skip:])
         phi_k = _stacked_features([m.feature_map_k for m in mods], k[:, :, : L - skip])
         omega = torch.cat([m.window_factors.reshape(-1) for m in mods])
-        o = hybrid_attn_past_window(
+        o = window_linear_attn_past_window(
             phi_q, phi_k, v[:, :, : L - skip], terms, omega, affine=variant.affine, chunk_size=BLOCK
         )
         return o, skip
@@ -152,7 +152,7 @@ def reference_transfer_loss(model: PreTrainedModel, input_ids: torch.Tensor, mse
         k, v = repeat_kv(r.k, n_rep).float(), repeat_kv(r.v, n_rep).float()
         q = r.q.float()
         if rf.variant.kind == "lolcats":
-            o, _ = chunk_hybrid_attn(
+            o, _ = chunk_window_linear_attn(
                 q, k, v, attn.feature_map_q(q), attn.feature_map_k(k), rf.variant.window,
                 attn.window_factors, affine=rf.variant.affine, scale=r.scaling,
             )  # fmt: skip
@@ -247,7 +247,7 @@ def linear_share(model: PreTrainedModel, input_ids: torch.Tensor) -> list[float]
         attn = rf.modules[r.layer]
         n_rep = r.q.shape[1] // r.k.shape[1]
         k, v = repeat_kv(r.k, n_rep), repeat_kv(r.v, n_rep)
-        _, w = naive_quadratic_hybrid_attn(
+        _, w = naive_quadratic_window_linear_attn(
             r.q, k, v, attn.feature_map_q(r.q), attn.feature_map_k(k), variant.window, attn.window_factors,
             affine=variant.affine, scale=r.scaling,
         )  # fmt: skip

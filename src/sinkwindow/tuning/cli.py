@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..cli import args as cli_args
 from ..eval.tasks import ALL_TASKS, GROUPS
-from ..models.loading import resolve
+from ..models import resolve
 from ..runs.folder import RunLock, check_run_dir
 
 __all__ = ["register", "CALIBRATE_MIN_LENGTH"]

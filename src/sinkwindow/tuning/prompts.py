@@ -75,7 +75,7 @@ def calibration_prompts(
     any evaluation prompt.
     """
     from ..eval.decoding import encode_prompt
-    from ..eval.niah import generate_niah, needle_tokens
+    from ..eval.generators.niah import generate_niah, needle_tokens
     from ..eval.tasks import NIAH_TASKS
 
     tasks = tuple(tasks or NIAH_TASKS)

@@ -215,7 +215,7 @@ def ppl_splits(tokenizer, context: int, calibration: int, heldout: int) -> tuple
     Held-out takes the last ``heldout`` windows of the essay stream, calibration the ``calibration``
     before them; neither touches the first ``EVAL_PPL_WINDOWS`` (``sinkwindow eval ppl``'s).
     """
-    from ..eval.haystack import load_essays
+    from ..eval.generators.haystack import load_essays
     from ..eval.perplexity import bos_prefix
 
     sep = len(tokenizer("\n\n", add_special_tokens=False).input_ids)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ...cli import args as cli_args
 from ...cli import errors as cli_errors
-from ...models.loading import resolve
+from ...models import resolve
 from .constants import DEFAULT_MAX_BATCH_TOKENS, SHORT_TASKS
 from .runner import LmEvalConfig, run_lmeval
 from .table import recovery_table

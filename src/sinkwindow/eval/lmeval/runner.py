@@ -28,7 +28,7 @@ from typing import Any
 
 from ...runs.folder import RunLock, check_run_dir
 from ...runs.provenance import utc_now
-from ...runs.sessions import start_session
+from ...runs.session_log import start_session
 from ..fingerprint import lmeval_row_fingerprint, lmeval_settings
 from ..results import ResultsStore, check_redo, check_resume, row_key
 from ..scheduler import (
@@ -640,7 +640,7 @@ def _run_pairs(
 ) -> list[dict]:
     """Every pair's row, in plan order; pairs ``store`` holds (same fingerprint) are reused unless
     ``resume`` is off, and new rows are appended to it (by this process) as each pair finishes,
-    stamped ``written`` (``eval/sessions.py`` reads a session's wall time from it). ``on_start``
+    stamped ``written`` (``runs/session_log.py`` reads a session's wall time from it). ``on_start``
     gets the cells left to run, before the first, when there are any."""
     done: dict[tuple, dict] = {}
     if store is not None and resume:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...runs.sessions import session_lines
+from ...runs.session_log import session_lines
 from ...runtime.spec import parse_spec
 from ..results import ResultsStore, read_jsonl, row_problem
 from ..stats import (

@@ -1,4 +1,4 @@
-"""BABILong QA1–QA5 as evaluation tasks (the samples: ``eval/babilong.py``, the facts: ``eval/babi.py``)."""
+"""BABILong QA1–QA5 as evaluation tasks (the samples: ``eval/generators/babilong.py``, the facts: ``eval/generators/babi.py``)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class BabilongTask(Task):
         }
 
     def deviations(self, config) -> list[str]:
-        from ..babilong import DEVIATIONS, babilong_data_kind
+        from ..generators.babilong import DEVIATIONS, babilong_data_kind
 
         data = config.babilong_data
         # Published samples (a BABILong JSON folder) are used verbatim: no rebuilding deviations.
@@ -61,12 +61,12 @@ class BabilongTask(Task):
         return out
 
     def token_budget(self, config, length: int, throughput) -> tuple[int, int]:
-        from ..babilong import MAX_NEW_TOKENS
+        from ..generators.babilong import MAX_NEW_TOKENS
 
         return (length if length > 0 else throughput.babilong_0k_tokens), MAX_NEW_TOKENS
 
     def build_samples(self, tokenizer, length: int, config) -> list:
-        from ..babilong import generate_babilong
+        from ..generators.babilong import generate_babilong
 
         # A data folder's published contexts (BABILong JSON) are used as they are.
         return generate_babilong(

@@ -1,5 +1,5 @@
 """LongBench-LCC-style next-line completion on the Python standard library as an evaluation task
-(the samples: ``eval/code.py``, the score: ``eval/code_sim.py``)."""
+(the samples: ``eval/generators/code.py``, the score: ``eval/code_sim.py``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class CodeTask(Task):
         return {"lcc_python": platform.python_version()}
 
     def deviations(self, config) -> list[str]:
-        from ..code import DEVIATIONS
+        from ..generators.code import DEVIATIONS
 
         return [f"LCC (Python {platform.python_version()} stdlib): {d}" for d in DEVIATIONS]
 
@@ -35,7 +35,7 @@ class CodeTask(Task):
         return max(0, length - LCC_ANSWER_TOKENS), LCC_ANSWER_TOKENS
 
     def build_samples(self, tokenizer, length: int, config) -> list:
-        from ..code import generate_lcc
+        from ..generators.code import generate_lcc
 
         return generate_lcc(tokenizer, length, config.samples, seed=config.seed)
 

@@ -1,4 +1,4 @@
-"""RULER's single-needle retrieval, S-NIAH-1/2/3, as evaluation tasks (the samples: ``eval/niah.py``)."""
+"""RULER's single-needle retrieval, S-NIAH-1/2/3, as evaluation tasks (the samples: ``eval/generators/niah.py``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class NeedleTask(Task):
         return out
 
     def deviations(self, config) -> list[str]:
-        from ..niah import DEVIATIONS
+        from ..generators.niah import DEVIATIONS
 
         cap = config.niah_max_new_tokens
         out = []
@@ -45,7 +45,7 @@ class NeedleTask(Task):
         return max(0, length - NIAH_ANSWER_TOKENS), cap
 
     def build_samples(self, tokenizer, length: int, config) -> list:
-        from ..niah import generate_niah
+        from ..generators.niah import generate_niah
 
         return generate_niah(
             self.name, tokenizer, length, config.samples, seed=config.seed, depths=config.niah_depths
@@ -53,7 +53,7 @@ class NeedleTask(Task):
 
     def prepare(self, tokenizer, sample, config) -> Prepared:
         from ..decoding import encode_prompt
-        from ..niah import needle_tokens, ruler_string_match
+        from ..generators.niah import needle_tokens, ruler_string_match
 
         ids = encode_prompt(tokenizer, sample.text, chat_wrapped=False)
         span = needle_tokens(tokenizer, sample.text, sample.outputs[0], add_special_tokens=True)

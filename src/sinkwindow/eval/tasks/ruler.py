@@ -1,5 +1,5 @@
 """RULER's synthetic tasks beyond S-NIAH-1/2/3 as evaluation tasks: multi-key, multi-value and
-multi-query NIAH, variable tracking, common and frequent words (the samples: ``eval/niah_multi.py``,
+multi-query NIAH, variable tracking, common and frequent words (the samples: ``eval/generators/niah_multi.py``,
 ``variable_tracking.py``, ``common_words.py``, ``freq_words.py``).
 
 Every row keeps the exact text the model read (``prompt``: RULER's input and answer prefix, before
@@ -7,7 +7,7 @@ the tokenizer's special tokens) and, where the answer needs particular lines, ``
 their ``[start, end)`` among the prompt's ids (the needles of the queried keys, the chain's five
 assignments, the gold documents of a QA question). Common and frequent words are aggregation
 tasks: every occurrence of a word is evidence, so their rows record none. QA (``qa_1`` SQuAD,
-``qa_2`` HotpotQA, ``eval/ruler_qa.py``) runs on data the user gives (``--ruler-qa-data``) and is
+``qa_2`` HotpotQA, ``eval/generators/ruler_qa.py``) runs on data the user gives (``--ruler-qa-data``) and is
 scored by ``string_match_part``, as RULER scores it.
 """
 
@@ -59,7 +59,7 @@ class RulerTask(Task):
     def deviations(self, config) -> list[str]:
         import importlib
 
-        module = importlib.import_module(f"sinkwindow.eval.{_GENERATORS[self.source][0]}")
+        module = importlib.import_module(f"sinkwindow.eval.generators.{_GENERATORS[self.source][0]}")
         out = []
         cap = config.niah_max_new_tokens
         if self._capped() and (cap is None or cap < self.answer_tokens):
@@ -94,7 +94,7 @@ class RulerTask(Task):
         import importlib
 
         module_name, function = _GENERATORS[self.source]
-        generate = getattr(importlib.import_module(f"sinkwindow.eval.{module_name}"), function)
+        generate = getattr(importlib.import_module(f"sinkwindow.eval.generators.{module_name}"), function)
         if self.source == "niah_multi":
             return generate(self.name, tokenizer, length, config.samples, seed=config.seed)
         if self.source == "qa":
@@ -105,8 +105,8 @@ class RulerTask(Task):
 
     def prepare(self, tokenizer, sample, config) -> Prepared:
         from ..decoding import encode_prompt
-        from ..niah import ruler_string_match_all, ruler_string_match_part
-        from ..ruler_common import token_spans
+        from ..generators.niah import ruler_string_match_all, ruler_string_match_part
+        from ..generators.ruler_common import token_spans
 
         ids = encode_prompt(tokenizer, sample.text, chat_wrapped=False)
         spans = token_spans(tokenizer, sample.text, sample.evidence, add_special_tokens=True)

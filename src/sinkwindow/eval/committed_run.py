@@ -33,7 +33,7 @@ RESULTS_DIR = Path("benchmarks") / "results"
 
 def _roots() -> list[Path]:
     roots = [Path.cwd() / RESULTS_DIR]
-    # src/sinkwindow/eval/reference_run.py -> the checkout holding src/ (an editable install).
+    # src/sinkwindow/eval/committed_run.py -> the checkout holding src/ (an editable install).
     checkout = Path(__file__).resolve().parents[3]
     if (checkout / "pyproject.toml").is_file():
         roots.append(checkout / RESULTS_DIR)

@@ -20,10 +20,10 @@ Deviations (also in :data:`DEVIATIONS`, for result metadata):
 
 Facts (``facts="real"``, the default) are BABILong's own: the released bAbI v1.2 en-10k test
 questions that ship with the package, sample ``i`` being the ``i``-th question of BABILong's
-``test_100_idxs.json`` subset (see :func:`sinkwindow.eval.babi.babilong_questions`). Past those
+``test_100_idxs.json`` subset (see :func:`sinkwindow.eval.generators.babi.babilong_questions`). Past those
 100 the test file's other questions follow in file order, and at each length a question whose
 facts do not fit is skipped, so sample ``i`` is the ``i``-th question of that order that fits.
-``facts="generated"`` takes them from :mod:`sinkwindow.eval.babi`'s seeded generator instead
+``facts="generated"`` takes them from :mod:`sinkwindow.eval.generators.babi`'s seeded generator instead
 (unlimited samples, but harder than the real set for small models).
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from sinkwindow.eval.babi import (
+from sinkwindow.eval.generators.babi import (
     BABI_TASKS,
     BabiSample,
     babi_sample,
@@ -48,7 +48,7 @@ from sinkwindow.eval.babi import (
     load_babi_file,
     load_babilong_json,
 )
-from sinkwindow.eval.haystack import load_essays, split_sentences
+from sinkwindow.eval.generators.haystack import load_essays, split_sentences
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -546,10 +546,10 @@ def generate_babilong(
         source: ``None`` for the ``facts`` source; a folder (a bAbI folder, read in BABILong's
             order, or a BABILong JSON folder as the hub dataset ships it, whose ``{length}.json``
             is read in its own order); a bAbI v1.2 text file, a BABILong JSON file, or a list of
-            :class:`~sinkwindow.eval.babi.BabiSample` to take facts from.
+            :class:`~sinkwindow.eval.generators.babi.BabiSample` to take facts from.
         facts: ``"real"``: BABILong's bAbI test questions (the shipped en-10k files and
-            ``test_100_idxs.json``, see :func:`~sinkwindow.eval.babi.babilong_questions`);
-            ``"generated"``: :func:`~sinkwindow.eval.babi.babi_sample`'s seeded generator. A
+            ``test_100_idxs.json``, see :func:`~sinkwindow.eval.generators.babi.babilong_questions`);
+            ``"generated"``: :func:`~sinkwindow.eval.generators.babi.babi_sample`'s seeded generator. A
             ``source`` is real data, so it needs ``"real"``.
         reserve: Tokens left for the prompt around the context (BABILong: 300).
         keep_context: With samples that carry a published BABILong context (loaded from JSON),

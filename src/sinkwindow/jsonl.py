@@ -1,6 +1,8 @@
-"""Reading the JSONL files run folders keep (``results.jsonl``, ``bench.jsonl``, ``needles.jsonl``).
+"""Reading and appending the JSONL files run folders keep (``results.jsonl``, ``bench.jsonl``,
+``needles.jsonl``, ``sessions.jsonl``, training logs, memos).
 
-One reader for all of them, below evaluation and the benchmarks alike: a torn or damaged line is
+One writer for all of them (:func:`append_jsonl`: one line, one ``write``, fsynced before it
+returns, so a kill leaves at most a torn last line and never a lost finished one), and one reader, below evaluation and the benchmarks alike: a torn or damaged line is
 skipped with a warning naming the file and line, never fatal, and each object keeps the number of
 the line it came from so later checks can name it too.
 """
@@ -12,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-__all__ = ["MAX_LINE_WARNINGS", "read_jsonl", "read_jsonl_lines"]
+__all__ = ["MAX_LINE_WARNINGS", "append_jsonl", "read_jsonl", "read_jsonl_lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,3 +59,25 @@ def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
     (:func:`read_jsonl_lines` without the objects' own line numbers)."""
     rows, _, bad = read_jsonl_lines(path)
     return rows, bad
+
+
+def append_jsonl(path: str | os.PathLike, row: dict, *, sort_keys: bool = False, default=None) -> None:
+    """Append ``row`` to ``path`` as one JSON line, durable when this returns.
+
+    The line goes out in one ``write`` on a file opened for appending (so concurrent appenders never
+    interleave within a line) and is fsynced before returning. The parent folder is made if missing.
+
+    Args:
+        sort_keys, default: as for ``json.dumps`` (each file keeps the serialization it always had).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(row, sort_keys=sort_keys, default=default) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        written = 0
+        while written < len(data):  # a regular file takes it in one call; a short write finishes here
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from ..jsonl import append_jsonl
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.session_log import start_session
 from ..runtime.kv_bytes import kv_geometry
@@ -413,10 +414,7 @@ def _run_models(
         validate_row(row)
         rows.append(row)
         done.add(cell_key(row))
-        with jsonl.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(jsonl, row)
         if on_row is not None:
             on_row(row)
 

@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from ..jsonl import MAX_LINE_WARNINGS, read_jsonl, read_jsonl_lines
+from ..jsonl import MAX_LINE_WARNINGS, append_jsonl, read_jsonl, read_jsonl_lines
 from ..runs.folder import (
     FINGERPRINT_FILE,
     RunMismatchError,
@@ -382,10 +382,7 @@ class ResultsStore:
         if self._unrecorded:
             write_settings(self.dir, self.settings)
             self._unrecorded = False
-        with self.path.open("a") as f:
-            f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path, row, sort_keys=True, default=str)
         self._rows.append(row)
         self._fps.setdefault(row_key(row), set()).add(row.get("fingerprint"))
 

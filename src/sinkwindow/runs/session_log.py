@@ -19,6 +19,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from ..jsonl import append_jsonl
 from .provenance import source_commit, utc_now
 
 __all__ = [
@@ -97,11 +98,7 @@ def start_session(run_dir: str | os.PathLike, *, device: str | None = None, **in
         **info,
     }
     path = Path(run_dir) / SESSIONS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_jsonl(path, entry, sort_keys=True, default=str)
     return entry
 
 

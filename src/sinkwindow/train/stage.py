@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
+from ..jsonl import append_jsonl
 from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from ..runtime.notices import NOTICES
 from .data import PackedData
@@ -175,8 +176,7 @@ def _evaluate(
 
 
 def _log(path: Path, row: dict) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+    append_jsonl(path, row)
 
 
 def _trim_log(path: Path, step: int, lr_dropped: bool = True) -> int:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..jsonl import read_jsonl
+from ..jsonl import append_jsonl, read_jsonl
 
 __all__ = ["Memo", "Tally", "prompts_digest"]
 
@@ -117,12 +117,8 @@ class Memo:
             if elsewhere:
                 t.elsewhere[text] = float(cpu_s)
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            line = json.dumps({"key": key, "value": value, "cpu_s": round(float(cpu_s), 3)}, sort_keys=True)
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            row = {"key": key, "value": value, "cpu_s": round(float(cpu_s), 3)}
+            append_jsonl(self.path, row, sort_keys=True)
 
     def _scoped(self, key: dict) -> dict:
         return key if self.scope is None else {**key, "scope": self.scope}

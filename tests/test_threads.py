@@ -172,3 +172,35 @@ def test_an_automatic_count_is_re_decided_between_cells_and_an_asked_one_is_kept
         assert threads.rechoose_threads() is None and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_set_threads_sets_a_given_count_and_leaves_it_alone_for_none():
+    import torch
+
+    from sinkwindow.runtime.threads import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_threads(None)
+        assert torch.get_num_threads() == before
+        set_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_every_thread_count_is_set_through_the_threads_module():
+    import ast
+    from pathlib import Path
+
+    import sinkwindow
+
+    package = Path(sinkwindow.__file__).parent
+    calls = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "threads.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("set_num_threads", "sched_getaffinity")
+    ]
+    assert calls == []

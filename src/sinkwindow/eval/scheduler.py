@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.threads import available_cores, set_threads
+
 __all__ = [
     "Cell",
     "CellJob",
@@ -135,14 +137,6 @@ class MissingExtraError(ImportError, ValueError):
 OnResult = Callable[[Cell, list[dict]], None]
 
 
-def available_cores() -> int:
-    """CPU cores this process may use (its affinity mask, else the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
@@ -236,9 +230,7 @@ def _worker_main(conn, payload: bytes, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_driver()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its Rust pool would use every core
-    import torch
-
-    torch.set_num_threads(threads)
+    set_threads(threads)
     job: CellJob = pickle.loads(payload)
     try:
         mt = job.load()
@@ -487,10 +479,8 @@ _RAY_WORKER: dict[str, Any] = {}
 def _ray_cell(job: CellJob, cell: Cell, threads: int) -> list[dict]:
     """One cell as a Ray task; the model is loaded once per worker process and job."""
     if _RAY_WORKER.get("token") != job.token:
-        import torch
-
         _RAY_WORKER.clear()  # a model of an earlier job would only hold memory
-        torch.set_num_threads(threads)
+        set_threads(threads)
         _RAY_WORKER.update(token=job.token, mt=job.load(), state={})
     return job.cell_fn(job.config, cell, _RAY_WORKER["mt"], _RAY_WORKER["state"])
 

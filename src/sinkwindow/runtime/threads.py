@@ -26,6 +26,7 @@ from typing import NamedTuple
 from .notices import NOTICES
 
 __all__ = [
+    "set_threads",
     "ThreadChoice",
     "available_cores",
     "busy_cores",
@@ -66,6 +67,18 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` for a count given outright (``--threads N`` of a command that
+    chooses no count of its own, a worker's share of the cores); ``None`` or 0 leaves torch's as it is.
+
+    Every thread count a command or worker sets goes through here or :func:`apply_threads`.
+    """
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _cpu_counters() -> tuple[float, float] | None:

@@ -9,6 +9,7 @@ import sys
 
 from ..cli import args as cli_args
 from ..models import resolve
+from ..runtime.threads import set_threads
 
 __all__ = ["register", "serve_app"]
 
@@ -32,8 +33,7 @@ def serve_app(args: argparse.Namespace):
         raise ValueError(f"--host {args.host} is reachable from other machines: give --api-key KEY (or "
                          "SINKWINDOW_API_KEY), or --allow-unauthenticated to serve anyone")  # fmt: skip
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     _, checkpoints = resolve.resolve_checkpoints(args.checkpoint, [args.method], add_methods=False)
     device = resolve.resolve_device(args.device)
     model, tok = sinkwindow.load(

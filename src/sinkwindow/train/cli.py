@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..cli import args as cli_args
 from ..models import resolve
+from ..runtime.threads import set_threads
 from .plateau import describe
 
 __all__ = ["parse_tokens", "register", "FEATURE_MAP_NAMES"]
@@ -62,8 +63,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .trainer import train_baseline
 
     spec = parse_spec(args.method)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     transfer, finetune = _stage_budgets(args, str(spec))
     if args.start_from is not None:
         _check_start_from(args.start_from)

@@ -11,6 +11,7 @@ from ..cli import args as cli_args
 from ..eval.tasks import ALL_TASKS, GROUPS
 from ..models import resolve
 from ..runs.folder import RunLock, check_run_dir
+from ..runtime.threads import set_threads
 
 __all__ = ["register", "CALIBRATE_MIN_LENGTH"]
 
@@ -83,10 +84,8 @@ def _max_positions(model: str) -> int | None:
 
 
 def _load(args):
-    import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     return _loader(args)()
 
 

@@ -51,6 +51,7 @@ import torch
 from ..jsonl import append_jsonl
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.session_log import start_session
+from ..runtime.dtypes import DTYPES
 from ..runtime.kv_bytes import kv_geometry
 from ..runtime.spec import parse_spec
 from ..runtime.threads import apply_threads
@@ -162,7 +163,7 @@ class BenchConfig:
             )
         if self.time_cap_s <= 0 or (self.mem_budget_gib is not None and self.mem_budget_gib <= 0):
             raise ValueError("time cap and memory budget must be positive")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}")
         if self.threads is not None and self.threads <= 0:
             raise ValueError(f"threads must be positive, got {self.threads}")

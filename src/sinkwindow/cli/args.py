@@ -29,6 +29,7 @@ from pathlib import Path
 
 # torch-free, so --help stays fast
 from ..models.packaged import DEFAULT_MODEL
+from ..runtime.dtypes import DTYPES
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -68,7 +69,6 @@ __all__ = [
     "add_global_flags",
 ]
 
-DTYPES = ("float32", "bfloat16", "float16")
 SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 SIZE_HELP = "k = 1024, M = 1024**2 tokens"
 # numpy's legacy seeding, the narrowest consumer, takes 0 .. 2**32 - 1.

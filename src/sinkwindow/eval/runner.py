@@ -30,6 +30,7 @@ from ..models.loading import load, load_device_map
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.provenance import utc_now
 from ..runs.session_log import start_session
+from ..runtime.dtypes import DTYPES
 from ..runtime.method import use_method
 from ..runtime.prefill import input_device
 from ..runtime.spec import parse_spec
@@ -63,7 +64,6 @@ logger = logging.getLogger(__name__)
 # fills the matrix units), and 8 rows of a 4K full-attention cache stay under 2 GB for SmolLM2;
 # see benchmarks/eval_batching.py. GPU: wide batches are cheap.
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass

@@ -64,12 +64,14 @@ def resolve_dtype(dtype: Any):
     """A ``torch.dtype`` from ``float32``/``float16``/``bfloat16``/``auto`` (float32) or a dtype."""
     import torch
 
+    from sinkwindow.runtime.dtypes import torch_dtype
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
         return torch.float32
     try:
-        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[str(dtype)]
+        return torch_dtype(str(dtype))
     except KeyError:
         raise ValueError(f"dtype must be float32, float16, bfloat16 or auto, got {dtype!r}") from None
 

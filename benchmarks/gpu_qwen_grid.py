@@ -78,7 +78,7 @@ def hybrid_specs(flag: str | None) -> list[str]:
 
     Specs are separated by ``;`` (a hybrid's units hold commas). Each must be a KV-head hybrid.
     """
-    from sinkwindow.spec import parse_spec
+    from sinkwindow.runtime.spec import parse_spec
 
     text = flag if flag is not None else os.environ.get("QWEN_HYBRIDS")
     specs = [s.strip() for s in text.split(";") if s.strip()] if text is not None else committed_hybrids()

@@ -9,9 +9,15 @@ import sinkwindow
 import sinkwindow.models.loading  # the skipif below reads it at collection, before any test imports it
 import sinkwindow.runtime.masks as masks
 from conftest import QK_WEIGHTS, QWEN, skip_without_qwen, tiny_config, tiny_model
-from sinkwindow.cli.check import check_model, default_layers, default_seq_len, truncate_layers, validate_options
-from sinkwindow.runtime.cache import SinkWindowLayer
 from sinkwindow.cli import main
+from sinkwindow.cli.check import (
+    check_model,
+    default_layers,
+    default_seq_len,
+    truncate_layers,
+    validate_options,
+)
+from sinkwindow.runtime.cache import SinkWindowLayer
 
 ALL_CHECKS = {
     "sdpa_vs_reference",

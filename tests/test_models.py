@@ -38,7 +38,7 @@ def test_loaded_model_remembers_its_name(tiny_folder):
 
 
 def test_qwen_coder_is_registered_with_its_chunks_and_one_pip_line():
-    from sinkwindow.registry import PACKAGED_MODELS, packaged_name
+    from sinkwindow.models.packaged import PACKAGED_MODELS, packaged_name
 
     entry = PACKAGED_MODELS["qwen2.5-coder-0.5b"]
     assert entry.family == "qwen2" and entry.context == 32768 and len(entry.sha256) == 64

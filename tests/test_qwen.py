@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sinkwindow
-from sinkwindow.registry import packaged_name
+from sinkwindow.models.packaged import packaged_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -17,7 +17,7 @@ PROSE = (
 
 
 def test_qwen_loads_as_the_packaged_qwen2(qwen_coder):
-    from sinkwindow.method import model_name
+    from sinkwindow.runtime.method import model_name
 
     model, tok = qwen_coder
     cfg = model.config

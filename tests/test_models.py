@@ -56,7 +56,7 @@ def test_qwen_coder_is_registered_with_its_chunks_and_one_pip_line():
 
 
 def test_a_missing_chunk_names_the_pip_line(monkeypatch, tmp_path):
-    from sinkwindow import models
+    from sinkwindow.models import loading as models
 
     entry = models.PACKAGED_MODELS["qwen2.5-coder-0.5b"]
     for module, fname in entry.packages:  # every chunk but the fifth "installed" under tmp_path

@@ -53,7 +53,7 @@ PEER = "transformers"  # the --methods entry that runs `transformers serve` on t
 
 def model_folder(model: str) -> str:
     """The Hugging Face folder of ``model`` (a packaged name's de-quantised cache), for ``transformers serve``."""
-    from sinkwindow.models import cache_root, looks_like_path, resolve_gguf
+    from sinkwindow.models.loading import cache_root, looks_like_path, resolve_gguf
 
     if looks_like_path(model):
         return str(Path(model).resolve())

@@ -185,7 +185,7 @@ QWEN = "qwen2.5-coder-0.5b"
 
 def qwen_installed() -> bool:
     """Whether the six Qwen2.5-Coder-0.5B chunk wheels are installed (found, not imported)."""
-    import sinkwindow.models
+    import sinkwindow.models.loading
 
     return sinkwindow.models.loading.is_installed(sinkwindow.PACKAGED_MODELS[QWEN])
 

@@ -218,7 +218,7 @@ def test_a_retrofit_candidate_gives_the_rows_compare_gives(folders, tmp_path):
     fingerprints) of ``compare``'s path for that method on the same samples."""
     from sinkwindow.eval.runner import EvalConfig, run_eval
     from sinkwindow.linear import convert, save_checkpoint
-    from sinkwindow.models import load
+    from sinkwindow.models.loading import load
 
     model, _ = load(folders["base"])
     ckpt = str(

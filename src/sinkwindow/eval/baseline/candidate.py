@@ -41,7 +41,7 @@ def parse_candidate(text: str) -> Candidate:
     Raises:
         ValueError: an empty name, or ``full``/``swa``/``evict`` (the base's own rows, not a candidate).
     """
-    from ...spec import parse_spec
+    from ...runtime.spec import parse_spec
 
     text = str(text).strip()
     if not text:
@@ -70,7 +70,7 @@ def load_candidate(name: str, *, trust_remote_code: bool, dtype, device: str):
     when ``HF_HUB_OFFLINE=1``).
     """
     if not trust_remote_code:
-        from ...models import load
+        from ...models.loading import load
 
         try:
             return load(name, dtype=dtype, device=device)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ... import cli_args
+from ...cli import args as cli_args
 from ..tasks import ALL_TASKS, BABILONG_TASKS, GROUPS, NIAH_TASKS
 
 __all__ = ["register"]
@@ -25,9 +25,9 @@ def _tasks(text: str) -> list[str]:
 
 
 def _cmd_baseline(args: argparse.Namespace) -> int:
-    from ...resolve import resolve_checkpoints
+    from ...models.resolve import resolve_checkpoints
     from ...runs.provenance import check_clean_source
-    from ...threads import apply_threads
+    from ...runtime.threads import apply_threads
     from .candidate import parse_candidate
     from .report import write_baseline_report
     from .run import BaselineConfig, run_baseline

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ...method import use_method
-from ...models import load
+from ...models.loading import load
 from ...runs.folder import RunLock, check_run_dir
 from ...runs.provenance import utc_now
+from ...runtime.method import use_method
 from ..decoding import eos_ids
 from ..fingerprint import model_identity, run_settings
 from ..results import ResultsStore

@@ -64,8 +64,8 @@ def measure_state_bytes(model, n_tokens: int, *, chunk_size: int = 512, input_id
     cache measured is the one the task's samples decode from. ``input_ids`` ``[1, n]``: the prompt
     to use; default ``n_tokens`` seeded token ids (the state's size does not depend on them).
     """
-    from ...patch import make_cache
-    from ...prefill import input_device, prefill
+    from ...runtime.make_cache import make_cache
+    from ...runtime.prefill import input_device, prefill
 
     if input_ids is None:
         vocab = model.get_input_embeddings().weight.shape[0]

@@ -16,8 +16,8 @@ MAX_WINDOW = 1 << 20
 
 def swa_bound_bytes(config, window: int, sinks: int, dtype) -> int:
     """Bytes the cache of SWA(``window``, ``sinks``) holds once the context has passed the window."""
-    from ...memory import analytic_state_bytes
-    from ...spec import parse_spec
+    from ...runtime.kv_bytes import analytic_state_bytes
+    from ...runtime.spec import parse_spec
 
     return analytic_state_bytes(parse_spec(f"swa:{window}:{sinks}"), config, window, dtype=dtype)
 

@@ -123,8 +123,8 @@ def test_lost_points_come_back_from_the_memo_without_running_the_model(drawn, pa
 
     monkeypatch.setattr(nll_mod, "answer_nll", no_model)
     monkeypatch.setattr(gates, "train_gates", no_model)
-    monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.calibrate"), "mass_scores", no_model)
-    monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.calibrate"), "retrieval_scores", no_model)
+    monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.mass"), "mass_scores", no_model)
+    monkeypatch.setattr(importlib.import_module("sinkwindow.tuning.retrieval"), "retrieval_scores", no_model)
     again = frontier(model, tok, CONTEXT, CONFIG, copy, name="tiny", progress=False)
     assert [(p.budget, p.selection, p.spec) for p in again] == [
         (p.budget, p.selection, p.spec) for p in points

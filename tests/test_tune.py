@@ -24,7 +24,8 @@ from sinkwindow.tuning import (
     tune,
     window_grid,
 )
-from sinkwindow.tuning.tune import EVAL_PPL_WINDOWS, TuneConfig, measure, ppl_splits
+from sinkwindow.tuning.measure import EVAL_PPL_WINDOWS, measure, ppl_splits
+from sinkwindow.tuning.tune import TuneConfig
 
 CONTEXT = 512
 # The tiny pair: 2 layers x 2 KV heads x head_dim 8, float32 -> 64 bytes per KV head per token.

@@ -24,9 +24,9 @@ __all__ = lazy_package(
         ".folder": [
             "FINGERPRINT_FILE", "RunLock", "RunLockedError", "RunMismatchError", "check_run_dir", "move_aside",
             "previous_dir", "read_settings", "repair_tail", "replace_lines", "settings_fingerprint",
-            "split_method_rows", "write_settings",
+            "split_method_rows", "write_settings", "write_text_atomic",
         ],
-        ".provenance": ["check_clean_source", "library_versions", "source_commit", "source_state", "utc_now"],
+        ".provenance": ["check_clean_source", "command_provenance", "library_versions", "source_commit", "source_state", "utc_now"],
         ".session_log": ["SESSIONS_FILE", "machine_info", "read_sessions", "session_lines", "session_summary",
                       "start_session"],
     },

@@ -32,6 +32,7 @@ __all__ = [
     "RunMismatchError",
     "check_run_dir",
     "move_aside",
+    "write_text_atomic",
     "previous_dir",
     "read_settings",
     "repair_tail",
@@ -246,3 +247,16 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then renamed:
+    a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return path

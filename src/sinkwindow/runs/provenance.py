@@ -10,7 +10,14 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-__all__ = ["utc_now", "library_versions", "source_state", "source_commit", "check_clean_source"]
+__all__ = [
+    "utc_now",
+    "library_versions",
+    "source_state",
+    "source_commit",
+    "check_clean_source",
+    "command_provenance",
+]
 
 # The package folder (src/sinkwindow in a checkout): what "the source" of a row means.
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -96,3 +103,11 @@ def check_clean_source(allow_dirty: bool) -> str | None:
             "code that made them: commit them, or pass --allow-dirty (each row then records the diff's sha256)"
         )
     return state["diff_sha256"]
+
+
+def command_provenance() -> dict:
+    """What produced a file outside a run folder's rows: the command line and the library versions."""
+    import shlex
+    import sys
+
+    return {"command": shlex.join(["sinkwindow", *sys.argv[1:]]), "versions": library_versions()}

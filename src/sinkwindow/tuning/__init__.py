@@ -23,19 +23,16 @@ from .._lazy import lazy_package
 __all__ = lazy_package(
     __name__,
     {
-        ".calibrate": [
-            "CRITERIA",
-            "CalibrationResult",
-            "calibrate",
-            "plot_scores",
-            "rank_scores",
-            "select_units",
-        ],
-        ".frontier": ["FrontierConfig", "FrontierPoint", "frontier"],
+        ".calibrate": ["CalibrateConfig", "CalibrationResult", "calibrate", "plot_scores"],
+        ".criteria": ["CRITERIA", "Criterion", "ScoringRun", "rank_scores", "score_units"],
+        ".selection": ["SELECTIONS", "greedy_select", "select_units"],
+        ".frontier": ["STRATEGIES", "FrontierConfig", "FrontierPoint", "frontier"],
         ".mass": ["mass_scores"],
         ".retrieval": ["retrieval_scores"],
+        ".measure": ["Measurement", "SampleSet", "measure"],
         ".memo": ["Memo"],
-        ".nll": ["answer_nll", "greedy_select", "nll_scores"],
+        ".options": ["RunOptions"],
+        ".nll": ["answer_nll", "nll_scores"],
         ".prompts": [
             "CAL_SEED",
             "EVAL_SEEDS",
@@ -47,10 +44,8 @@ __all__ = lazy_package(
         ".tune": [
             "HELDOUT_SEED",
             "Candidate",
-            "Measurement",
             "TuneConfig",
             "TuneResult",
-            "measure",
             "pareto_front",
             "plan_candidates",
             "plot_frontier",

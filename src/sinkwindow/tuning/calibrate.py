@@ -21,12 +21,9 @@ that no evaluation uses (S-NIAH prompts of seed :data:`CAL_SEED`, far from every
   its full-attention and SWA(W, S) outputs, trained on the frozen model to keep the last hidden
   states of full attention under an L1 pull towards 0; a unit scores its α (a layer: the mean).
 
-:func:`select_units` then keeps the K best units (ties go to the earlier unit, so a seed gives one
-answer), and :func:`spec_with_units` writes the hybrid spec. Scores of one unit at a time cannot see
-units that only help together (a retrieval circuit spans layers), so ``select="greedy"`` re-scores:
-:func:`greedy_select` starts from the best single unit and adds, one step at a time, the candidate
-whose addition gives the lowest NLL *given the units already kept*, the candidates being the ``pool``
-best single units.
+The criteria are small classes registered in ``tuning/criteria.py``; the units are then chosen by
+``tuning/selection.py`` (``select="top"``: the K best, ties to the earlier unit; ``"greedy"``:
+re-scored given the units already kept), and :func:`spec_with_units` writes the hybrid spec.
 
 Cost: ``nll`` runs the prompts once per unit plus once for the base (31 runs for a 30-layer model);
 ``mass`` and ``retrieval`` run them once in all; greedy adds ``(P - 1) + (P - 2) + ... +
@@ -37,27 +34,26 @@ method's cache, so a long prompt never needs more than a chunk's activations and
 from __future__ import annotations
 
 import logging
-import math
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from ..runtime.kv_bytes import kv_geometry
 from ..runtime.method import use_method
 from ..runtime.spec import MethodSpec, parse_spec
-from .mass import LAST_QUERIES, mass_scores
-from .memo import Memo, prompts_digest
-from .nll import NllWorkers, greedy_runs, greedy_select, mean_nlls, nll_scores
-from .prompts import CAL_SEED, CalibrationPrompt, calibration_prompts, check_calibration_seed
-from .retrieval import retrieval_scores
-from .units import Unit, check_base_spec, model_units, parse_unit, spec_with_units, unit_label
+from .criteria import CRITERIA, LAST_QUERIES, ScoringRun, check_criterion, rank_scores, score_units
+from .memo import Memo
+from .nll import NllWorkers, mean_nlls
+from .prompts import CAL_SEED, calibration_prompts, check_calibration_seed
+from .records import fresh_folder, provenance, write_json
+from .selection import SELECTIONS, choose_units, order, select_units
+from .units import Unit, check_base_spec, model_units, parse_unit, unit_label
 
 __all__ = [
     "CRITERIA",
+    "CalibrateConfig",
     "CalibrationResult",
     "calibrate",
     "plot_scores",
@@ -70,200 +66,46 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CRITERIA = ("nll", "mass", "rank", "gates", "retrieval")
-# Adam steps of the trained gates (criterion "gates", tuning/gates.py): one calibration prompt each.
-GATE_STEPS = 60
-SELECTIONS = ("top", "greedy")
 
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """How :func:`calibrate` scores and chooses (what ``sinkwindow calibrate``'s flags set).
 
-def _order(scores: Sequence[float], higher_is_better: bool = True) -> list[int]:
-    """Indices best first; ties (and NaN, last) keep unit order, so the answer is deterministic."""
-
-    def key(i: int):
-        s = scores[i]
-        bad = s is None or (isinstance(s, float) and math.isnan(s))
-        return (bad, 0.0 if bad else (-s if higher_is_better else s), i)
-
-    return sorted(range(len(scores)), key=key)
-
-
-def rank_scores(per_criterion: dict[str, Sequence[float]]) -> list[float]:
-    """Mean over criteria of each unit's rank (1 = most worth keeping full; higher score is better).
-
-    Ties take ordinal ranks in unit order, so the mean rank is deterministic too.
+    Attributes:
+        by: ``"layer"`` or ``"head"`` (KV heads).
+        criterion: a name of :data:`~.criteria.CRITERIA`: ``"nll"``, ``"mass"``, ``"rank"`` (both,
+            ranks averaged), ``"gates"`` (one gate per KV head trained on the frozen model,
+            DuoAttention's way) or ``"retrieval"`` (attention on the needle while answering).
+        samples / length: calibration S-NIAH prompts and their token budget (answer included).
+        seed: the prompts' seed; one of ``EVAL_SEEDS`` is refused.
+        last_queries: query positions the mass averages over (the prompt's end).
+        progress: show tqdm bars.
+        name: the model's name for the record (default: ``config.name_or_path``).
+        select: ``"top"`` keeps the K best single units; ``"greedy"`` (nll only) re-scores the
+            ``pool`` best single units given the ones already kept (``selection.greedy_select``).
+        pool: greedy's candidates (default: K + 6, at most every unit).
+        sinks: sink counts S to try for the streaming side instead of the method's own (DuoAttention's
+            streaming heads keep 64): each gives the base ``swa:W:S`` at the same KV bytes, since the
+            sinks are among the W slots. Units are chosen on each base, and the hybrid whose answer
+            NLL on the calibration prompts is lowest is kept (``sinks_tried`` records every one).
+        native_sliding: the policy the hybrid will run under (``apply``'s). ``"keep"`` (Gemma 3 as
+            its local layers were trained) leaves native sliding layers on their own window and
+            scores only the global layers' units; apply the result with the same policy.
     """
-    if not per_criterion:
-        raise ValueError("rank needs at least one criterion's scores")
-    n = len(next(iter(per_criterion.values())))
-    total = [0.0] * n
-    for scores in per_criterion.values():
-        for rank, i in enumerate(_order(scores), start=1):
-            total[i] += rank
-    return [t / len(per_criterion) for t in total]
 
-
-def select_units(
-    units: Sequence[Unit], scores: Sequence[float], k: int, *, higher_is_better: bool = True
-) -> list[Unit]:
-    """The ``k`` best units by ``scores``, best first (ties: the earlier unit)."""
-    if len(units) != len(scores):
-        raise ValueError(f"{len(units)} units but {len(scores)} scores")
-    if not 0 <= k <= len(units):
-        raise ValueError(f"K={k} units asked, but there are {len(units)}: choose K from 0 to {len(units)}")
-    return [units[i] for i in _order(scores, higher_is_better)[:k]]
-
-
-def score_units(
-    model,
-    prompts: Sequence[CalibrationPrompt],
-    bases: Sequence[MethodSpec | str],
-    units: Sequence[Unit],
-    criteria: Sequence[str],
-    *,
-    chunk_size: int = 512,
-    last_queries: int = LAST_QUERIES,
-    progress: bool = False,
-    native_sliding: str = "override",
-    memo: Memo | None = None,
-    workers: NllWorkers | None = None,
-) -> dict[str, dict]:
-    """Every criterion's per-unit scores for each base ``swa:W:S``; mass runs once for all bases.
-
-    ``memo``: finished runs to reuse (NLLs, the mass pass, trained gates and the gates' training
-    state after each step), where new ones are kept as they finish (``tuning/memo.py``).
-    ``workers``: where the NLL runs go (``nll.mean_nlls``); the mass, retrieval and gates run here.
-
-    ``native_sliding`` is the policy every hybrid will run under (``apply``'s): with ``"keep"`` the
-    NLLs and gates leave native sliding layers on their own window. (The mass is measured under full
-    attention, where those layers run their own window anyway.)
-
-    Returns:
-        ``{str(base): {"nll": [...], "mass": [...], "rank": [...], "nll_base": float}}`` with the
-        criteria asked for (``rank`` needs, and brings, both others). Scores are aligned with
-        ``units``; higher means more worth keeping full, except ``rank`` (a mean rank: lower).
-    """
-    bases = [check_base_spec(b) for b in bases]
-    unknown = [c for c in criteria if c not in CRITERIA]
-    if unknown:
-        raise ValueError(f"unknown criterion {unknown[0]!r}: choose from {', '.join(CRITERIA)}")
-    need = set(criteria) | ({"nll", "mass"} if "rank" in criteria else set())
-    runs = (
-        (len(prompts) if "mass" in need else 0)
-        + (len(prompts) if "retrieval" in need else 0)
-        + (len(bases) * (1 + len(units)) * len(prompts) if "nll" in need else 0)
-    )  # the gates' steps are not counted: train_gates shows its own bar
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=runs, desc="calibrating", unit="prompt")
-    out: dict[str, dict] = {str(b): {} for b in bases}
-    try:
-        if "mass" in need:
-            masses = _masses(model, prompts, bases, last_queries, chunk_size, bar, memo)
-            for b in bases:
-                grid = masses[(b.window, b.sinks)]
-                out[str(b)]["mass"] = [
-                    float(grid[u].mean()) if isinstance(u, int) else float(grid[u[0], u[1]]) for u in units
-                ]
-        if "retrieval" in need:
-            grid = _retrievals(model, prompts, chunk_size, bar, memo)
-            scores = [float(grid[u].max()) if isinstance(u, int) else float(grid[u[0], u[1]]) for u in units]
-            for b in bases:  # measured under full attention: the same for every base
-                out[str(b)]["retrieval"] = scores
-        if "nll" in need:
-            for b in bases:
-                ref, gains = nll_scores(
-                    model, b, prompts, units, chunk_size=chunk_size, bar=bar, native_sliding=native_sliding,
-                    memo=memo, workers=workers,
-                )  # fmt: skip
-                out[str(b)]["nll"] = gains
-                out[str(b)]["nll_base"] = ref
-        if "rank" in need:
-            for b in bases:
-                out[str(b)]["rank"] = rank_scores({c: out[str(b)][c] for c in ("nll", "mass")})
-        if "gates" in need:
-            use_method(model, "full")  # the gates mix the frozen model's own full attention with SWA
-            sequences = [torch.cat([p.input_ids, p.answer_ids], dim=1) for p in prompts]
-            for b in bases:
-                trained = _trained_gates(model, sequences, b, native_sliding, memo)
-                out[str(b)]["gates"] = trained.scores(units)
-                out[str(b)]["gate_losses"] = trained.losses
-    finally:
-        if bar is not None:
-            bar.close()
-    return out
-
-
-def _masses(model, prompts, bases, last_queries: int, chunk_size: int, bar, memo: Memo | None) -> dict:
-    """``mass_scores`` for every base's ``(W, S)``, or the grids a ``memo`` kept from the same pass."""
-    shapes = [(b.window, b.sinks) for b in bases]
-    key = {"kind": "mass", "shapes": [list(s) for s in shapes], "last_queries": last_queries,
-           "chunk_size": chunk_size, "prompts": prompts_digest(prompts)}  # fmt: skip
-
-    def run() -> list:
-        masses = mass_scores(
-            model, prompts, shapes, last_queries=last_queries, chunk_size=chunk_size, bar=bar
-        )
-        return [masses[shape].tolist() for shape in shapes]
-
-    grids = _kept_pass(memo, key, len(prompts), bar, run)
-    return {shape: torch.tensor(grid, dtype=torch.float64) for shape, grid in zip(shapes, grids)}
-
-
-def _retrievals(model, prompts, chunk_size: int, bar, memo: Memo | None) -> torch.Tensor:
-    """``retrieval_scores`` ``[layers, kv_heads]``, or the grid a ``memo`` kept from the same pass."""
-    key = {"kind": "retrieval", "chunk_size": chunk_size, "prompts": prompts_digest(prompts)}
-    grid = _kept_pass(
-        memo,
-        key,
-        len(prompts),
-        bar,
-        lambda: retrieval_scores(model, prompts, chunk_size=chunk_size, bar=bar).tolist(),
-    )
-    return torch.tensor(grid, dtype=torch.float64)
-
-
-def _kept_pass(memo: Memo | None, key: dict, prompts: int, bar, run):
-    """What a ``memo`` kept for one full-attention pass (the bar moved past its ``prompts``), or
-    ``run()``'s JSON-ready result, kept with the CPU seconds it took."""
-    hit = None if memo is None else memo.get(key)
-    if hit is not None:
-        if bar is not None:
-            bar.update(prompts)
-        return hit
-    t0 = time.process_time()
-    value = run()
-    if memo is not None:
-        memo.put(key, value, time.process_time() - t0)
-    return value
-
-
-def _trained_gates(model, sequences, base: MethodSpec, native_sliding: str, memo: Memo | None):
-    """``train_gates`` on ``base``, or the gates a ``memo`` kept from the same run (they depend on
-    the prompts and the base, not on how many heads are then kept). With a memo the training state is
-    kept after every step too (``gates-progress``), so a stopped training resumes at its last step."""
-    from .gates import GateResult, train_gates
-
-    key = {"kind": "gates", "spec": str(base), "native_sliding": native_sliding, "steps": GATE_STEPS,
-           "prompts": prompts_digest(sequences)}  # fmt: skip
-    if memo is None:
-        return train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding)
-    hit = memo.get(key)
-    if hit is not None:
-        return GateResult(alpha=hit["alpha"], losses=hit["losses"])
-    progress_key = {**key, "kind": "gates-progress"}
-    resume = memo.get(progress_key)  # the last state kept (a later line wins), CPU so far inside it
-    spent = 0.0 if resume is None else float(resume["cpu_s"])
-    t0 = time.process_time()
-
-    def keep(state: dict) -> None:
-        memo.put(progress_key, {**state, "cpu_s": spent + time.process_time() - t0})
-
-    trained = train_gates(model, sequences, base, steps=GATE_STEPS, native_sliding=native_sliding,
-                          resume=resume, on_step=keep)  # fmt: skip
-    memo.put(key, {"alpha": trained.alpha, "losses": trained.losses}, spent + time.process_time() - t0)
-    return trained
+    by: str = "layer"
+    criterion: str = "nll"
+    samples: int = 4
+    length: int = 2048
+    seed: int = CAL_SEED
+    chunk_size: int = 512
+    last_queries: int = LAST_QUERIES
+    progress: bool = True
+    name: str | None = None
+    select: str = "top"
+    pool: int | None = None
+    sinks: Sequence[int] | None = None
+    native_sliding: str = "override"
 
 
 @dataclass
@@ -317,8 +159,8 @@ class CalibrationResult:
     def top(self, criterion: str, k: int | None = None) -> list[str]:
         """The ``k`` (default: ``self.k``) best units by one criterion."""
         scores = self.scores[criterion]
-        order = _order(scores, higher_is_better=criterion != "rank")
-        return [self.units[i] for i in order[: self.k if k is None else k]]
+        best = order(scores, higher_is_better=CRITERIA[criterion].higher_is_better)
+        return [self.units[i] for i in best[: self.k if k is None else k]]
 
     def table(self) -> str:
         """One line per unit: each criterion's score, and ``*`` on the chosen ones."""
@@ -366,46 +208,19 @@ def calibrate(
     tokenizer,
     method: MethodSpec | str,
     k: int,
+    config: CalibrateConfig | None = None,
     *,
-    by: str = "layer",
-    criterion: str = "nll",
-    samples: int = 4,
-    length: int = 2048,
-    seed: int = CAL_SEED,
-    chunk_size: int = 512,
-    last_queries: int = LAST_QUERIES,
-    progress: bool = True,
-    name: str | None = None,
-    select: str = "top",
-    pool: int | None = None,
-    sinks: Sequence[int] | None = None,
-    native_sliding: str = "override",
     memo: Memo | None = None,
     workers: NllWorkers | None = None,
+    **settings,
 ) -> CalibrationResult:
     """Score every unit on calibration prompts and keep the ``k`` best full on top of ``method``.
 
     Args:
         method: the plain ``swa:W:S`` to build on.
         k: units to keep full, 0 .. number of units.
-        by: ``"layer"`` or ``"head"`` (KV heads).
-        criterion: ``"nll"``, ``"mass"``, ``"rank"`` (both, ranks averaged), ``"gates"`` (one gate
-            per KV head trained on the frozen model, DuoAttention's way: ``tuning/gates.py``) or
-            ``"retrieval"`` (attention on the needle while answering: ``tuning/retrieval.py``).
-        samples / length: calibration S-NIAH prompts and their token budget (answer included).
-        seed: the prompts' seed; one of ``EVAL_SEEDS`` is refused.
-        last_queries: query positions the mass averages over (the prompt's end).
-        name: the model's name for the record (default: ``config.name_or_path``).
-        select: ``"top"`` keeps the K best single units; ``"greedy"`` (nll only) re-scores the
-            ``pool`` best single units given the ones already kept (:func:`greedy_select`).
-        pool: greedy's candidates (default: K + 6, at most every unit).
-        sinks: sink counts S to try for the streaming side instead of the method's own (DuoAttention's
-            streaming heads keep 64): each gives the base ``swa:W:S`` at the same KV bytes, since the
-            sinks are among the W slots. Units are chosen on each base, and the hybrid whose answer
-            NLL on the calibration prompts is lowest is kept (``sinks_tried`` records every one).
-        native_sliding: the policy the hybrid will run under (``apply``'s). ``"keep"`` (Gemma 3 as
-            its local layers were trained) leaves native sliding layers on their own window and
-            scores only the global layers' units; apply the result with the same policy.
+        config: how to score and choose (:class:`CalibrateConfig`); ``settings`` override its
+            fields by name (``calibrate(model, tok, "swa:256:4", 6, by="head")``).
         memo: finished runs (answer NLLs, the mass pass, trained gates and their state after each
             step) to reuse and to keep as they finish (``tuning/memo.py``): with one on disk a
             stopped calibration resumes at the run (or gate step) it was in, and calibrations on the
@@ -420,47 +235,49 @@ def calibrate(
         ValueError: not a plain swa spec, K out of range, an evaluation seed, or prompts that fit
             inside the window (where full attention changes nothing).
     """
-    base, units, pool = _check_calibration(
-        model, method, k, by, criterion, seed, length, select, pool, native_sliding
-    )
-    bases = _sink_bases(base, sinks)
+    cfg = replace(config or CalibrateConfig(), **settings)
+    base, units, pool = _check_calibration(model, method, k, cfg)
     t0 = time.perf_counter()
-    prompts = calibration_prompts(tokenizer, samples, length, seed)
+    prompts = calibration_prompts(tokenizer, cfg.samples, cfg.length, cfg.seed)
+    run = ScoringRun(model, prompts, _sink_bases(base, cfg.sinks), units, cfg.chunk_size, cfg.last_queries,
+                     cfg.native_sliding, memo, workers)  # fmt: skip
     # The mass is one full-attention pass, so it is always reported beside the criterion that decides.
-    criteria = [criterion] if criterion in ("mass", "rank") else [criterion, "mass"]
-    all_scores = score_units(
-        model, prompts, bases, units, criteria, chunk_size=chunk_size, last_queries=last_queries,
-        progress=progress, native_sliding=native_sliding, memo=memo, workers=workers,
-    )  # fmt: skip
+    criteria = [cfg.criterion] if cfg.criterion in ("mass", "rank") else [cfg.criterion, "mass"]
+    all_scores = score_units(run, criteria, progress=cfg.progress)
     tried = [
-        _choose_on_base(model, b, units, all_scores[str(b)], criterion, select, prompts, k, pool, chunk_size,
-                        progress, native_sliding, memo, workers)
-        for b in bases
-    ]  # fmt: skip
-    best = _best_sinks(model, tried, prompts, chunk_size, native_sliding, memo, workers)
+        choose_units(run, b, all_scores[str(b)], cfg.criterion, cfg.select, k, pool, cfg.progress)
+        for b in run.bases
+    ]
+    best = _best_sinks(run, tried)
+    return _result(model, cfg, k, pool, run, best, tried, round(time.perf_counter() - t0, 2))
+
+
+def _result(model, cfg: CalibrateConfig, k: int, pool, run: ScoringRun, best: dict, tried: list[dict],
+            seconds: float) -> CalibrationResult:  # fmt: skip
+    """The :class:`CalibrationResult` of the hybrid ``best`` among those ``tried``."""
     base, chosen, spec, scores, steps = (best[key] for key in ("base", "chosen", "spec", "scores", "steps"))
-    warnings = native_local_warnings(model.config, chosen, length)
+    warnings = native_local_warnings(model.config, chosen, cfg.length)
     for w in warnings:
         logger.warning(w)
     return CalibrationResult(
-        model=name or str(getattr(model.config, "name_or_path", "") or type(model).__name__),
+        model=cfg.name or str(getattr(model.config, "name_or_path", "") or type(model).__name__),
         base=str(base),
-        by=by,
-        criterion=criterion,
+        by=cfg.by,
+        criterion=cfg.criterion,
         k=k,
-        samples=samples,
-        length=length,
-        seed=seed,
-        last_queries=last_queries,
-        chunk_size=chunk_size,
-        units=[unit_label(u) for u in units],
+        samples=cfg.samples,
+        length=cfg.length,
+        seed=cfg.seed,
+        last_queries=cfg.last_queries,
+        chunk_size=cfg.chunk_size,
+        units=[unit_label(u) for u in run.units],
         scores={c: [float(v) for v in scores[c]] for c in CRITERIA if c in scores},
         chosen=[unit_label(u) for u in chosen],
         spec=str(spec),
         nll_base=scores.get("nll_base"),
-        prompt_tokens=[p.n_tokens for p in prompts],
-        seconds=round(time.perf_counter() - t0, 2),
-        select=select,
+        prompt_tokens=[p.n_tokens for p in run.prompts],
+        seconds=seconds,
+        select=cfg.select,
         pool=pool,
         steps=steps,
         warnings=warnings,
@@ -468,45 +285,22 @@ def calibrate(
         sinks_tried=[{"sinks": t["sinks"], "spec": str(t["spec"]), "nll": t.get("nll")} for t in tried]
         if len(tried) > 1
         else [],
-        native_sliding=native_sliding,
+        native_sliding=cfg.native_sliding,
     )
 
 
-def _choose_on_base(model, base, units, scores, criterion, select, prompts, k, pool, chunk_size, progress,
-                    native_sliding, memo, workers=None) -> dict:  # fmt: skip
-    """The K units kept full on one streaming base ``swa:W:S``: top-K by ``criterion``, or greedy."""
-    steps: list[dict] = []
-    if select == "greedy":
-        chosen, steps = _greedy(
-            model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo, workers
-        )
-    else:
-        chosen = select_units(units, scores[criterion], k, higher_is_better=criterion != "rank")
-    spec = spec_with_units(base, chosen, kv_geometry(model.config)[2])
-    return {
-        "sinks": base.sinks,
-        "base": base,
-        "spec": spec,
-        "chosen": chosen,
-        "scores": scores,
-        "steps": steps,
-    }
-
-
-def _best_sinks(model, tried: list[dict], prompts, chunk_size: int, native_sliding: str, memo=None,
-                workers=None) -> dict:  # fmt: skip
+def _best_sinks(run: ScoringRun, tried: list[dict]) -> dict:
     """Of hybrids built on several sink counts, the one with the lowest answer NLL on the calibration
     prompts (each gets ``"nll"``); ties go to the earlier (fewer) sinks. One hybrid: itself."""
     if len(tried) == 1:
         return tried[0]
     try:
-        nlls = mean_nlls(
-            model, [t["spec"] for t in tried], prompts, chunk_size, None, native_sliding, memo, workers
-        )
+        nlls = mean_nlls(run.model, [t["spec"] for t in tried], run.prompts, run.chunk_size, None,
+                         run.native_sliding, run.memo, run.workers)  # fmt: skip
         for t, nll in zip(tried, nlls):
             t["nll"] = nll
     finally:
-        use_method(model, "full")
+        use_method(run.model, "full")
     return min(tried, key=lambda t: t["nll"])
 
 
@@ -524,76 +318,46 @@ def _sink_bases(base: MethodSpec, sinks: Sequence[int] | None) -> list[MethodSpe
     return out
 
 
-def _check_calibration(model, method, k, by, criterion, seed, length, select, pool, native_sliding):
+def _check_calibration(model, method, k: int, cfg: CalibrateConfig):
     """``(base spec, units, greedy's pool)``, after refusing what no calibration can run, each with the fix."""
     base = check_base_spec(method)
-    if criterion not in CRITERIA:
-        raise ValueError(f"unknown criterion {criterion!r}: choose from {', '.join(CRITERIA)}")
-    check_calibration_seed(seed)
-    if native_sliding not in ("override", "keep"):
-        raise ValueError(f"native_sliding must be 'override' or 'keep', got {native_sliding!r}")
-    units = model_units(model.config, by, native_sliding)
+    check_criterion(cfg.criterion)
+    check_calibration_seed(cfg.seed)
+    if cfg.native_sliding not in ("override", "keep"):
+        raise ValueError(f"native_sliding must be 'override' or 'keep', got {cfg.native_sliding!r}")
+    units = model_units(model.config, cfg.by, cfg.native_sliding)
     if not units:
         raise ValueError(
             "every layer slides natively, so under native_sliding='keep' there is no unit to keep full: "
             "use native_sliding='override'"
         )
     if not 0 <= k <= len(units):
-        what = "layers" if by == "layer" else "KV heads"
+        what = "layers" if cfg.by == "layer" else "KV heads"
         raise ValueError(f"K={k} is more than the model's {len(units)} {what}: give K from 1 to {len(units)}")
-    if length <= base.window:
+    if cfg.length <= base.window:
         raise ValueError(
-            f"calibration prompts of {length} tokens fit inside the window W={base.window}, where full "
+            f"calibration prompts of {cfg.length} tokens fit inside the window W={base.window}, where full "
             f"attention changes nothing: use a --length above {base.window}"
         )
-    if select not in SELECTIONS:
-        raise ValueError(f"unknown selection {select!r}: choose from {', '.join(SELECTIONS)}")
-    if select == "greedy":
-        if criterion != "nll":
+    return base, units, _pool(cfg, k, len(units))
+
+
+def _pool(cfg: CalibrateConfig, k: int, n_units: int) -> int | None:
+    """Greedy's pool (default K + 6, at most every unit), after refusing a selection that cannot run."""
+    pool = cfg.pool
+    if cfg.select not in SELECTIONS:
+        raise ValueError(f"unknown selection {cfg.select!r}: choose from {', '.join(SELECTIONS)}")
+    if cfg.select == "greedy":
+        if cfg.criterion != "nll":
             raise ValueError(
-                f"greedy selection re-scores by the answer's NLL: use --criterion nll, not {criterion}"
+                f"greedy selection re-scores by the answer's NLL: use --criterion nll, not {cfg.criterion}"
             )
-        pool = min(len(units), k + 6) if pool is None else pool
-        if not k <= pool <= len(units):
-            raise ValueError(f"--pool {pool} must be from K={k} to the model's {len(units)} units")
+        pool = min(n_units, k + 6) if pool is None else pool
+        if not k <= pool <= n_units:
+            raise ValueError(f"--pool {pool} must be from K={k} to the model's {n_units} units")
     elif pool is not None:
         raise ValueError("--pool sets greedy selection's candidates: add --select greedy, or drop --pool")
-    return base, units, pool
-
-
-def _greedy(model, base, units, scores, prompts, k, pool, chunk_size, progress, native_sliding, memo=None,
-            workers=None):  # fmt: skip
-    """``(chosen units, steps)`` of greedy selection over the ``pool`` best single units by NLL."""
-    candidates = select_units(units, scores["nll"], pool)
-    ref = scores["nll_base"]
-    first = {u: ref - scores["nll"][units.index(u)] for u in candidates}
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=greedy_runs(pool, k) * len(prompts), desc="greedy", unit="prompt")
-    try:
-        return greedy_select(
-            candidates, k,
-            lambda kepts: mean_nlls(
-                model, [spec_with_units(base, kept) for kept in kepts], prompts, chunk_size, bar, native_sliding,
-                memo, workers,
-            ),
-            first=first,
-        )  # fmt: skip
-    finally:
-        use_method(model, "full")
-        if bar is not None:
-            bar.close()
-
-
-_LABELS = {
-    "nll": "NLL gain (nats / answer token)",
-    "mass": "mass outside the window",
-    "rank": "mean rank (1 = kept first)",
-    "gates": "trained gate α (1 = full attention)",
-    "retrieval": "attention on the needle while answering",
-}
+    return pool
 
 
 def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
@@ -633,7 +397,10 @@ def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
             ax.set_ylabel("KV head")
             ax.set_xticks(range(layers))
             ax.set_yticks(range(heads))
-        ax.set_title(_LABELS.get(c, c) + (" (chosen: red)" if c == criteria[0] else ""), fontsize=9)
+        ax.set_title(
+            (CRITERIA[c].label if c in CRITERIA else c) + (" (chosen: red)" if c == criteria[0] else ""),
+            fontsize=9,
+        )
     if result.steps:
         ax = axes[-1, 0]
         xs = list(range(len(result.steps) + 1))
@@ -654,31 +421,14 @@ def plot_scores(result: CalibrationResult, path: str | Path) -> Path:
     return path
 
 
-def provenance() -> dict:
-    """What produced a calibrate/tune output: the command line and the library versions."""
-    import shlex
-
-    from ..runs.provenance import library_versions
-
-    return {"command": shlex.join(["sinkwindow", *sys.argv[1:]]), "versions": library_versions()}
-
-
 def write_calibration(result: CalibrationResult, out_dir: str | Path, *, plot: bool = True) -> dict[str, str]:
     """``calibrate.json`` (and ``calibrate.png``) in ``out_dir``; returns their paths.
 
     A folder's earlier calibration is never overwritten: its files move to ``previous-<UTC time>/``
     first (``runs.folder.move_aside``), so a re-run with other settings keeps both.
     """
-    import json
-
-    from ..runs.folder import move_aside
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    move_aside(out, ["calibrate.json", "calibrate.png"])
-    paths = {"json": str(out / "calibrate.json")}
-    data = {**result.to_json(), "provenance": provenance()}
-    (out / "calibrate.json").write_text(json.dumps(data, indent=1) + "\n")
+    out = fresh_folder(out_dir, ["calibrate.json", "calibrate.png"])
+    paths = {"json": write_json(out / "calibrate.json", {**result.to_json(), "provenance": provenance()})}
     if plot:
         try:
             paths["png"] = str(plot_scores(result, out / "calibrate.png"))

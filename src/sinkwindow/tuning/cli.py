@@ -12,6 +12,7 @@ from ..eval.tasks import ALL_TASKS, GROUPS
 from ..models import resolve
 from ..runs.folder import RunLock, check_run_dir
 from ..runtime.threads import set_threads
+from .criteria import CRITERIA
 
 __all__ = ["register", "CALIBRATE_MIN_LENGTH"]
 
@@ -22,8 +23,6 @@ CALIBRATE_MIN_LENGTH = 256
 # here would pull torch into every --help.
 CAL_SEED = 7_000_000
 HELDOUT_SEED = 8_000_000
-# Equal to calibrate.CRITERIA (a test keeps them so), for the same reason.
-CRITERIA = ("nll", "mass", "rank", "gates", "retrieval")
 
 
 def swa_method(text: str) -> str:
@@ -161,7 +160,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from ..eval.tasks import TASKS
-    from .tune import TuneConfig, check_seeds, family_tasks, tune, write_tune
+    from .measure import family_tasks
+    from .tune import TuneConfig, check_seeds, tune, write_tune
 
     check_seeds(args.seed, args.heldout_seed)  # before the model loads
     tasks = family_tasks(args.task)
@@ -238,26 +238,26 @@ def _fractions(text: str) -> list[float]:
 
 
 def _selections(text: str) -> list[str]:
-    from .frontier import SELECTIONS
+    from .frontier import STRATEGIES
 
     parts = [p.strip() for p in str(text).split(",")]
-    unknown = [p for p in parts if p not in SELECTIONS]
+    unknown = [p for p in parts if p not in STRATEGIES]
     if unknown or not parts:
         raise argparse.ArgumentTypeError(
-            f"unknown selection(s) {', '.join(unknown)}: choose from {', '.join(SELECTIONS)}"
+            f"unknown selection(s) {', '.join(unknown)}: choose from {', '.join(STRATEGIES)}"
         )
     return list(dict.fromkeys(parts))
 
 
 def _cmd_frontier(args: argparse.Namespace) -> int:
     from ..runs.provenance import check_clean_source
-    from .frontier import SELECTIONS, FrontierConfig, frontier
+    from .frontier import STRATEGIES, FrontierConfig, frontier
     from .prompts import check_calibration_seed
 
     check_calibration_seed(args.seed, "--seed")  # before the model loads
     source_diff = check_clean_source(args.allow_dirty)
     config = FrontierConfig(
-        budgets=args.budgets, selections=args.selections or SELECTIONS, sinks=args.sinks, stream_window=args.stream_window, greedy_pool=args.pool,
+        budgets=args.budgets, selections=args.selections or STRATEGIES, sinks=args.sinks, stream_window=args.stream_window, greedy_pool=args.pool,
         samples=args.samples, calib_samples=args.calib_samples, calib_length=args.calib_length, seed=args.seed,
         chunk_size=args.chunk_size, native_sliding=args.native_sliding,
     )  # fmt: skip
@@ -356,7 +356,7 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="keep K KV heads full (each with the query heads that share it)")  # fmt: skip
     # nll by default: on smollm2-135m at 4K (benchmarks/RESULTS.md) its 6 layers lifted S-NIAH-1 from
     # 20% to 77%, while the rank choice (nll and mass averaged) and periodic layers added nothing.
-    p.add_argument("--criterion", choices=CRITERIA, default="nll",
+    p.add_argument("--criterion", choices=tuple(CRITERIA), default="nll",
                    help="how units are ranked (default: %(default)s; nll and rank run the prompts once per unit; gates trains "
                    "one gate per KV head on the frozen model, DuoAttention's way; retrieval, one pass: attention on the needle "
                    "while answering)")  # fmt: skip
@@ -412,7 +412,7 @@ def _register_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sinks", type=sinks_list, default=[4], help="the S values, e.g. 0,4 (default: 4)")
     p.add_argument("--units", choices=("layer", "head"), default="layer",
                    help="full units: whole layers or KV heads (default: %(default)s)")  # fmt: skip
-    p.add_argument("--criterion", choices=CRITERIA, default="mass",
+    p.add_argument("--criterion", choices=tuple(CRITERIA), default="mass",
                    help="how units are ranked (default: %(default)s: one pass for every W; nll/rank are slow, and "
                    "nll chose better layers on smollm2-135m; gates trains one gate per KV head for each W)")  # fmt: skip
     p.add_argument("--max-k", type=cli_args.integer(0, what="--max-k"), default=None,

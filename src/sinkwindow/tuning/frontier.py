@@ -1,7 +1,8 @@
 """One KV-budget frontier: at each budget (a fraction of full attention's KV bytes at the context),
 the best spec each way of choosing one reaches, measured held out against full attention.
 
-The ways (``SELECTIONS``), each at the budget and with its best sink count S among ``sinks``:
+The strategies (:data:`STRATEGIES`; a point's ``selection`` and the ``--selections`` flag name one),
+each at the budget and with its best sink count S among ``sinks``:
 
 - ``swa``: plain SWA(W, S) at the largest W that fits; S by the calibration answer NLL.
 - ``heads-retrieval``: as many KV heads full as fit, those whose attention under full attention
@@ -43,21 +44,24 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..runtime.kv_bytes import analytic_state_bytes
 from ..runtime.method import use_method
 from ..runtime.spec import MethodSpec, parse_spec
-from .calibrate import calibrate
+from .calibrate import CalibrateConfig, calibrate
+from .measure import SampleSet, measure_in_folder
 from .memo import Memo
 from .nll import NllWorkers, mean_nlls, nll_workers
+from .options import RunOptions
 from .prompts import CAL_SEED, calibration_prompts, check_calibration_seed
+from .records import write_json, write_text
 from .units import model_units, spec_with_units
 
 __all__ = [
-    "SELECTIONS",
+    "STRATEGIES",
     "FrontierConfig",
     "FrontierPoint",
     "best_point",
@@ -70,7 +74,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SELECTIONS = ("swa", "heads-retrieval", "heads-nll", "heads-gates", "layers")
+# The ways a frontier point chooses its spec, cheapest first (not calibrate's --select, which is how
+# units are picked from their scores: ``selection.SELECTIONS``).
+STRATEGIES = ("swa", "heads-retrieval", "heads-nll", "heads-gates", "layers")
 # How each selection calibrates: (units, criterion, select).
 _CALIBRATION = {
     "layers": ("layer", "nll", "greedy"),
@@ -86,7 +92,7 @@ class FrontierConfig:
 
     Attributes:
         budgets: KV budgets as fractions of full attention's bytes at ``context``.
-        selections: the ways of choosing a spec (``SELECTIONS``).
+        selections: the ways of choosing a spec (:data:`STRATEGIES`).
         sinks: sink counts each selection may use (the best by calibration answer NLL is kept).
         stream_window: W of the streaming side of the hybrids (DuoAttention: 64 sinks + 256 recent).
         greedy_pool: candidates of the greedy layer selection, the best single layers by NLL, the
@@ -102,7 +108,7 @@ class FrontierConfig:
     """
 
     budgets: Sequence[float] = (0.125, 0.25, 0.5)
-    selections: Sequence[str] = SELECTIONS
+    selections: Sequence[str] = STRATEGIES
     sinks: Sequence[int] = (4, 64)
     stream_window: int = 256
     greedy_pool: int = 20
@@ -193,19 +199,19 @@ def max_units(
 
 
 def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | Path, *, name: str,
-             progress: bool = True, new_run: bool = False, workers: int | str | None = None,
-             ray: str | bool | None = None, model_factory: Callable[[], tuple] | None = None,
-             source_diff: str | None = None) -> list[FrontierPoint]:  # fmt: skip
+             **options) -> list[FrontierPoint]:  # fmt: skip
     """Draw the frontier into ``out`` (see the module docstring); returns its points.
 
     Selections go one at a time: each is calibrated at every budget, then its specs (and full
     attention) are evaluated and ``frontier.*`` rewritten with every point so far.
-    The evaluation's cells and the calibration's answer-NLL runs go where ``workers`` / ``ray`` say
-    (local worker processes or Ray tasks; ``nll.mean_nlls``), with the same rows and NLLs as a serial
-    run; the attention mass and the trained gates run in this process. The workers load their own
-    copy with ``model_factory`` (a picklable ``() -> (model, tokenizer)``); without one they get a
-    pickled copy of ``model``. ``source_diff``: the sha256 of uncommitted source changes the run was
-    allowed to compute with (``runs.check_clean_source``), recorded in every row.
+    ``options`` (:class:`~.options.RunOptions`: ``progress``, ``new_run``, ``workers``, ``ray``,
+    ``model_factory``, ``source_diff``): the evaluation's cells and the calibration's answer-NLL runs
+    go where ``workers`` / ``ray`` say (local worker processes or Ray tasks; ``nll.mean_nlls``), with
+    the same rows and NLLs as a serial run; the attention mass and the trained gates run in this
+    process. The workers load their own copy with ``model_factory`` (a picklable
+    ``() -> (model, tokenizer)``); without one they get a pickled copy of ``model``. ``source_diff``:
+    the sha256 of uncommitted source changes the run was allowed to compute with
+    (``runs.check_clean_source``), recorded in every row.
 
     A folder keeps one calibration setting (``fingerprint.json``: the model, context, sinks, stream
     window, calibration prompts, chunk size): a rerun with other budgets, selections or samples adds
@@ -216,13 +222,11 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         ValueError: an unknown selection, a budget outside (0, 1], or a calibration seed evaluation uses.
         RunMismatchError: ``out`` holds a frontier calibrated otherwise (names what differs).
     """
-    from ..eval.runner import EvalConfig, run_eval
-    from ..eval.tasks import NIAH_TASKS
-
     cfg = config
-    unknown = [s for s in cfg.selections if s not in SELECTIONS]
+    opts = RunOptions(name=name, **options)
+    unknown = [s for s in cfg.selections if s not in STRATEGIES]
     if unknown:
-        raise ValueError(f"unknown selection(s) {unknown}: choose from {', '.join(SELECTIONS)}")
+        raise ValueError(f"unknown selection(s) {unknown}: choose from {', '.join(STRATEGIES)}")
     if cfg.native_sliding not in ("override", "keep"):
         raise ValueError(f"native_sliding must be 'override' or 'keep', got {cfg.native_sliding!r}")
     if not all(0 < b <= 1 for b in cfg.budgets):
@@ -231,32 +235,27 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         )
     check_calibration_seed(cfg.seed)
     out = Path(out)
-    _check_settings(out, _settings(cfg, name, context, model), new_run)
+    _check_settings(out, _settings(cfg, name, context, model), opts.new_run)
     (out / "calibration").mkdir(parents=True, exist_ok=True)
     full_bytes = analytic_state_bytes(MethodSpec("full"), model.config, context, dtype=model.dtype)
-    # Drawn only if a point is calibrated here (a rerun reads every point from OUT/calibration).
-    prompts = functools.cache(
-        lambda: calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
-    )
-    memo = Memo(out / "calibration" / "runs.jsonl")
-    runs_at = None
-    if workers is not None or ray not in (None, False):
+    job = _PointJob(model, tokenizer, context, cfg, out, Memo(out / "calibration" / "runs.jsonl"))
+    if opts.workers is not None or opts.ray not in (None, False):
         from ..eval.scheduler import PickledModel
 
-        runs_at = nll_workers(workers, ray, model_factory or PickledModel((model, tokenizer)))
-    order = sorted(cfg.selections, key=SELECTIONS.index)  # cheapest first
+        job.workers = nll_workers(
+            opts.workers, opts.ray, opts.model_factory or PickledModel((model, tokenizer))
+        )
+    order = sorted(cfg.selections, key=STRATEGIES.index)  # cheapest first
     saved = {(s, b): _saved_point(out, s, b) for s in order for b in cfg.budgets}
     points = [p for p in saved.values() if p is not None]
+    held_out = SampleSet("niah", context, cfg.samples, cfg.eval_seed, chunk_size=cfg.chunk_size, name=name,
+                         native_sliding=cfg.native_sliding, niah_max_new_tokens=cfg.niah_max_new_tokens)  # fmt: skip
 
     def evaluate_and_write() -> None:
-        points.sort(key=lambda p: (SELECTIONS.index(p.selection), cfg.budgets.index(p.budget)))
+        points.sort(key=lambda p: (STRATEGIES.index(p.selection), cfg.budgets.index(p.budget)))
         use_method(model, "full")
         specs = list(dict.fromkeys(["full", *(p.spec for p in points)]))
-        ev = EvalConfig(model=name, methods=specs, tasks=list(NIAH_TASKS), lengths=[context], samples=cfg.samples,
-                        seed=cfg.eval_seed, chunk_size=cfg.chunk_size, native_sliding=cfg.native_sliding,
-                        niah_max_new_tokens=cfg.niah_max_new_tokens, workers=workers, ray=ray)  # fmt: skip
-        store = run_eval(ev, str(out / "eval"), model_and_tokenizer=(model, tokenizer), progress=progress,
-                         model_factory=model_factory, source_diff=source_diff)  # fmt: skip
+        store = measure_in_folder((model, tokenizer), specs, held_out, out / "eval", opts)
         measure_points(points, store.rows(), context, full_bytes)
         write_frontier(points, out, context=context, model=name, config=cfg, full_bytes=full_bytes)
 
@@ -264,9 +263,7 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
         evaluate_and_write()
     for selection in order:
         fresh = [
-            _choose(
-                model, tokenizer, prompts, selection, b, int(b * full_bytes), context, cfg, out, memo, runs_at
-            )
+            _choose(job, selection, b, int(b * full_bytes))
             for b in cfg.budgets
             if saved[(selection, b)] is None
         ]
@@ -275,6 +272,28 @@ def frontier(model, tokenizer, context: int, config: FrontierConfig, out: str | 
             points.extend(fresh)
             evaluate_and_write()
     return points
+
+
+@dataclass
+class _PointJob:
+    """What calibrating any point of one frontier needs: the model, the folder, the shared memo, and
+    where the answer-NLL runs go. The calibration prompts are drawn only when a point is calibrated
+    here (a rerun reads every point from ``OUT/calibration``)."""
+
+    model: object
+    tokenizer: object
+    context: int
+    cfg: FrontierConfig
+    out: Path
+    memo: Memo
+    workers: NllWorkers | None = None
+
+    @functools.cached_property
+    def prompts(self) -> list:
+        cfg = self.cfg
+        return calibration_prompts(
+            self.tokenizer, cfg.calib_samples, cfg.calib_length or self.context, cfg.seed
+        )
 
 
 def _settings(cfg: FrontierConfig, name: str, context: int, model) -> dict:
@@ -315,32 +334,31 @@ def _saved_point(out: Path, selection: str, budget: float) -> FrontierPoint | No
     return FrontierPoint(**json.loads(path.read_text())) if path.exists() else None
 
 
-def _choose(model, tokenizer, prompts: Callable[[], list], selection: str, budget: float, budget_bytes: int, context: int,
-            cfg: FrontierConfig, out: Path, memo: Memo, workers: NllWorkers | None = None) -> FrontierPoint | None:  # fmt: skip
+def _choose(job: _PointJob, selection: str, budget: float, budget_bytes: int) -> FrontierPoint | None:
     """One point calibrated now and saved beside the others; ``None`` when nothing fits."""
-    path = _point_path(out, selection, budget)
+    path = _point_path(job.out, selection, budget)
     t0 = time.process_time()
-    with memo.tally() as tally:
-        spec = _calibrate_point(
-            model, tokenizer, prompts, selection, budget_bytes, context, cfg, memo, workers
-        )
+    with job.memo.tally() as tally:
+        spec = _calibrate_point(job, selection, budget_bytes)
     if spec is None:
         return None
     # CPU spent here: this process's, and the runs its workers computed for it.
     here = time.process_time() - t0 + tally.elsewhere_cpu_s
     alone = here - tally.computed_cpu_s + tally.cpu_s
-    dtype, policy = model.dtype, cfg.native_sliding
-    kv = analytic_state_bytes(spec, model.config, context, dtype=dtype, native_sliding=policy)
+    model = job.model
+    kv = analytic_state_bytes(
+        spec, model.config, job.context, dtype=model.dtype, native_sliding=job.cfg.native_sliding
+    )
     assert kv <= budget_bytes, f"{spec} costs {kv} bytes, over the budget of {budget_bytes}"
     point = FrontierPoint(budget, selection, str(spec), kv, 0.0, round(alone / 60, 4),
                           calib_cpu_minutes_here=round(here / 60, 4))  # fmt: skip
-    path.write_text(json.dumps(asdict(point), indent=2))
+    write_json(path, asdict(point), indent=2, newline=False)
     return point
 
 
-def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: str, budget_bytes: int, context: int,
-                     cfg: FrontierConfig, memo: Memo, workers: NllWorkers | None = None) -> MethodSpec | None:  # fmt: skip
+def _calibrate_point(job: _PointJob, selection: str, budget_bytes: int) -> MethodSpec | None:
     """The spec ``selection`` chooses within ``budget_bytes``, or ``None`` when nothing fits."""
+    model, cfg, context = job.model, job.cfg, job.context
     dtype, policy = model.dtype, cfg.native_sliding
     if selection == "swa":
         specs = []
@@ -351,33 +369,31 @@ def _calibrate_point(model, tokenizer, prompts: Callable[[], list], selection: s
         if not specs:
             return None
         try:
-            nlls = mean_nlls(model, specs, prompts(), cfg.chunk_size, None, policy, memo, workers)
+            nlls = mean_nlls(model, specs, job.prompts, cfg.chunk_size, None, policy, job.memo, job.workers)
         finally:
             use_method(model, "full")
         return min(zip(specs, nlls), key=lambda pair: pair[1])[0]
-    else:
-        by, criterion, select = _CALIBRATION[selection]
-        sinks = [s for s in cfg.sinks if s < cfg.stream_window]
-        if not sinks:
-            raise ValueError(
-                f"every sink count in {list(cfg.sinks)} fills the stream window {cfg.stream_window}: "
-                f"give --sinks below --stream-window"
-            )
-        base = parse_spec(f"swa:{cfg.stream_window}:{sinks[0]}")
-        k = max_units(base, model.config, by, context, budget_bytes, dtype, policy)
-        if k < 1:
-            return None
-        pool = (
-            min(len(model_units(model.config, by, policy)), max(cfg.greedy_pool, k))
-            if select == "greedy"
-            else None
+    by, criterion, select = _CALIBRATION[selection]
+    sinks = [s for s in cfg.sinks if s < cfg.stream_window]
+    if not sinks:
+        raise ValueError(
+            f"every sink count in {list(cfg.sinks)} fills the stream window {cfg.stream_window}: "
+            f"give --sinks below --stream-window"
         )
-        res = calibrate(model, tokenizer, base, k, by=by, criterion=criterion, samples=cfg.calib_samples,
-                        length=cfg.calib_length or context, seed=cfg.seed,
-                        chunk_size=cfg.chunk_size, progress=False, select=select, pool=pool, sinks=sinks,
-                        native_sliding=policy, memo=memo, workers=workers)  # fmt: skip
-        spec = parse_spec(res.spec)
-    return spec
+    base = parse_spec(f"swa:{cfg.stream_window}:{sinks[0]}")
+    k = max_units(base, model.config, by, context, budget_bytes, dtype, policy)
+    if k < 1:
+        return None
+    pool = (
+        min(len(model_units(model.config, by, policy)), max(cfg.greedy_pool, k))
+        if select == "greedy"
+        else None
+    )
+    how = CalibrateConfig(by=by, criterion=criterion, samples=cfg.calib_samples, length=cfg.calib_length or context,
+                          seed=cfg.seed, chunk_size=cfg.chunk_size, progress=False, select=select, pool=pool,
+                          sinks=sinks, native_sliding=policy)  # fmt: skip
+    res = calibrate(model, job.tokenizer, base, k, how, memo=job.memo, workers=job.workers)
+    return parse_spec(res.spec)
 
 
 def measure_points(points: list[FrontierPoint], rows: list[dict], context: int, full_bytes: int) -> None:
@@ -458,7 +474,7 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
     out = Path(out)
     record = {"model": model, "context": context, "full_kv_bytes": full_bytes, "config": asdict(config),
               "points": [asdict(p) for p in points]}  # fmt: skip
-    (out / "frontier.json").write_text(json.dumps(record, indent=2, default=list))
+    json_path = write_json(out / "frontier.json", record, indent=2, newline=False, default=list)
     lines = [
         f"# KV-budget frontier: {model} at {context} tokens"
         + (" (native sliding layers kept on their own window)" if config.native_sliding == "keep" else ""),
@@ -482,8 +498,7 @@ def write_frontier(points: list[FrontierPoint], out: str | Path, *, context: int
                      f"| {rec} | {p.n} "
                      f"| {pv} | {far} | {p.calib_cpu_minutes:.2f} / {_minutes(p.calib_cpu_minutes_here)} |")  # fmt: skip
     lines += _head_to_head(points)
-    (out / "frontier.md").write_text("\n".join(lines) + "\n")
-    paths = {"json": str(out / "frontier.json"), "md": str(out / "frontier.md")}
+    paths = {"json": json_path, "md": write_text(out / "frontier.md", "\n".join(lines) + "\n")}
     try:
         paths["png"] = str(_plot(points, out / "frontier.png", model, context))
     except ImportError:  # matplotlib is an extra
@@ -547,7 +562,7 @@ def _plot(points: list[FrontierPoint], path: Path, model: str, context: int) -> 
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     measured = [p for p in points if p.recovery is not None]
-    for sel in SELECTIONS:
+    for sel in STRATEGIES:
         marker = _MARKERS[sel]
         mine = [p for p in measured if p.selection == sel]
         if mine:

@@ -9,15 +9,10 @@ import torch
 
 from ..runtime.kv_bytes import kv_geometry
 from .capture import WeightsCapture, capture_pass
+from .criteria import LAST_QUERIES
 from .prompts import CalibrationPrompt
 
 __all__ = ["LAST_QUERIES", "mass_scores"]
-
-
-# The last queries of an S-NIAH prompt are the question, the answer prefix and the answer itself:
-# the positions that must reach back to the needle. Earlier queries read the haystack, which is
-# mostly local text, and would drown the retrieval signal in their number.
-LAST_QUERIES = 64
 
 
 class _MassCapture(WeightsCapture):

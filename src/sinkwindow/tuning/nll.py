@@ -25,7 +25,7 @@ from ..runtime.prefill import prefill
 from ..runtime.spec import MethodSpec, parse_spec
 from .memo import Memo, prompts_digest
 from .prompts import CalibrationPrompt
-from .units import Unit, check_base_spec, spec_with_units, unit_label
+from .units import Unit, check_base_spec, spec_with_units
 
 __all__ = [
     "answer_nll",
@@ -35,8 +35,6 @@ __all__ = [
     "nll_workers",
     "nll_key",
     "nll_scores",
-    "greedy_select",
-    "greedy_runs",
 ]
 
 
@@ -226,50 +224,3 @@ def nll_scores(
     finally:
         use_method(model, "full")
     return ref, gains
-
-
-def greedy_select(
-    candidates: Sequence[Unit],
-    k: int,
-    nlls_of: Callable[[list[list[Unit]]], list[float]],
-    *,
-    first: dict[Unit, float] | None = None,
-) -> tuple[list[Unit], list[dict]]:
-    """Forward selection: keep adding the candidate whose addition gives the lowest NLL.
-
-    Args:
-        candidates: the units that may be kept, in the order that breaks ties (best single first).
-        k: units to keep, at most ``len(candidates)``.
-        nlls_of: mean NLL with each of several lists of units kept full (on top of the base): one
-            step's candidates go as one batch, so they can run side by side (:func:`mean_nlls`).
-        first: NLL of each candidate kept alone, when already known (step 1 then costs nothing).
-
-    Returns:
-        ``(chosen, steps)``: the units in the order they were added, and per step
-        ``{"added": label, "nll": NLL with the units so far, "tried": {label: NLL}}``.
-    """
-    if not 0 <= k <= len(candidates):
-        raise ValueError(f"K={k} units asked from a pool of {len(candidates)}: give a --pool of at least K")
-    chosen: list[Unit] = []
-    steps: list[dict] = []
-    for step in range(k):
-        rest = [u for u in candidates if u not in chosen]
-        if step == 0 and first is not None:
-            tried = {u: float(first[u]) for u in rest}
-        else:
-            tried = dict(zip(rest, map(float, nlls_of([[*chosen, u] for u in rest]))))
-        best = min(rest, key=lambda u: (tried[u], rest.index(u)))  # ties: the earlier candidate
-        chosen.append(best)
-        steps.append(
-            {
-                "added": unit_label(best),
-                "nll": tried[best],
-                "tried": {unit_label(u): v for u, v in tried.items()},
-            }
-        )
-    return chosen, steps
-
-
-def greedy_runs(pool: int, k: int) -> int:
-    """Prompt passes greedy selection adds to the single-unit scores (step 1 reuses them)."""
-    return sum(pool - i for i in range(1, k))

@@ -18,22 +18,16 @@ recorded. Perplexity has no seed (its essay windows are fixed): its held-out win
 ones of the essay stream, its calibration windows the ones before, and both stay clear of the first
 :data:`EVAL_PPL_WINDOWS`, which ``sinkwindow eval ppl`` reads.
 
-Scores: S-NIAH and BABILong are the eval runner's own (``runner.plan`` / ``runner.run_cell``:
-its sample building, batched greedy decoding and string matching), as fractions in [0, 1] with
-Wilson 95% intervals; S-NIAH decodes the answer's length + 16 tokens (runner's ``auto`` cap), and
-BABILong uses the seeded bAbI generator (``babilong_facts="generated"``) because the released
-questions do not depend on the seed. ``ppl`` scores the negative NLL per token (nats), with a
-bootstrap interval over windows.
+Scores: the eval runner's own, through ``tuning/measure.py`` (its sample building, batched greedy
+decoding and string matching; ``ppl`` on essay windows).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,24 +35,22 @@ import torch
 from ..runtime.kv_bytes import analytic_state_bytes, kv_geometry
 from ..runtime.method import use_method
 from ..runtime.spec import MethodSpec, parse_spec
-from .calibrate import CRITERIA, provenance, score_units, select_units
-from .mass import LAST_QUERIES
+from .criteria import CRITERIA, LAST_QUERIES, ScoringRun, check_criterion, score_units
+from .measure import Measurement, SampleSet, family_tasks, measure_all, ppl_splits
+from .options import RunOptions
 from .prompts import CAL_SEED, EVAL_SEEDS, calibration_prompts, check_calibration_seed
+from .records import fresh_folder, provenance, write_json
+from .selection import select_units
 from .units import model_units, spec_with_units, unit_label
 
 __all__ = [
     "HELDOUT_SEED",
-    "EVAL_PPL_WINDOWS",
     "Candidate",
-    "Measurement",
     "TuneResult",
-    "family_tasks",
     "format_bytes",
-    "measure",
     "pareto_front",
     "plan_candidates",
     "plot_frontier",
-    "ppl_splits",
     "tune",
     "TuneConfig",
     "window_grid",
@@ -69,27 +61,8 @@ logger = logging.getLogger(__name__)
 
 # Seed of the held-out samples the winner is reported on: not CAL_SEED, outside EVAL_SEEDS.
 HELDOUT_SEED = 8_000_000
-# `sinkwindow eval ppl` reads essay windows 0..9 by default (--samples 10); tuning never reads them.
-EVAL_PPL_WINDOWS = 10
 MIN_WINDOW = 64
 MAX_WINDOW = 4096
-
-
-def family_tasks(task: str) -> tuple[str, ...]:
-    """The runner tasks a family averages: ``niah`` -> S-NIAH-1/2/3, ``babilong`` -> QA1-5, ``ppl``."""
-    from ..eval.tasks import ALL_TASKS, GROUPS
-
-    if task in GROUPS:
-        return GROUPS[task]
-    if task in ALL_TASKS:
-        return (task,)
-    raise ValueError(f"unknown task {task!r}: choose from {', '.join(GROUPS)} (or one runner task)")
-
-
-def _family(tasks: Sequence[str]) -> str:
-    if tasks == ("ppl",):
-        return "ppl"
-    return "babilong" if all(t.startswith("babilong") for t in tasks) else "niah"
 
 
 def format_bytes(n: float) -> str:
@@ -181,166 +154,6 @@ def plan_candidates(
             f"--kv-budget {format_bytes(budget)} is below the cheapest candidate, {spec} at {context} tokens "
             f"({format_bytes(cost)}): raise --kv-budget to at least {cost} (bytes), or give smaller --windows"
         )
-    return out
-
-
-@dataclass
-class Measurement:
-    """One spec's score on one sample set.
-
-    Attributes:
-        score: S-NIAH / BABILong: mean of 0/1 scores (every task has the same n, so this is also
-            the task average); ppl: negative NLL per token (nats).
-        lo, hi: 95% interval (Wilson for accuracy, bootstrap over windows for ppl).
-        n: samples (all tasks together) or windows.
-        per_task: each task's mean.
-        seed: the samples' seed (``None`` for ppl, whose windows are in ``windows``).
-    """
-
-    spec: str
-    metric: str
-    score: float
-    lo: float
-    hi: float
-    n: int
-    per_task: dict[str, float] = field(default_factory=dict)
-    seed: int | None = None
-    windows: list[int] | None = None
-    seconds: float = 0.0
-
-
-def ppl_splits(tokenizer, context: int, calibration: int, heldout: int) -> tuple[list[int], list[int]]:
-    """Essay-window indices for calibration and held-out perplexity at ``context`` tokens.
-
-    Held-out takes the last ``heldout`` windows of the essay stream, calibration the ``calibration``
-    before them; neither touches the first ``EVAL_PPL_WINDOWS`` (``sinkwindow eval ppl``'s).
-    """
-    from ..eval.generators.haystack import load_essays
-    from ..eval.perplexity import bos_prefix
-
-    sep = len(tokenizer("\n\n", add_special_tokens=False).input_ids)
-    total = sum(len(tokenizer(t, add_special_tokens=False).input_ids) + sep for _, t in load_essays())
-    available = total // (context - len(bos_prefix(tokenizer)))
-    first = available - heldout - calibration
-    if first < EVAL_PPL_WINDOWS:
-        raise ValueError(
-            f"the essays hold {available} windows of {context} tokens; {EVAL_PPL_WINDOWS} are evaluation's, "
-            f"leaving {max(0, available - EVAL_PPL_WINDOWS)} for {calibration} calibration + {heldout} held-out: "
-            f"ask for fewer --samples / --heldout-samples, or a shorter --context"
-        )
-    return list(range(first, first + calibration)), list(range(available - heldout, available))
-
-
-def _essay_windows(tokenizer, context: int, indices: Sequence[int], state: dict) -> list[torch.Tensor]:
-    from ..eval.perplexity import essay_token_windows
-
-    # Tokenising the essays takes about a second; every candidate reads the same windows.
-    cache = state.setdefault("essay_windows", {})
-    need = max(indices) + 1
-    if len(cache.get(context, ())) < need:
-        cache[context] = essay_token_windows(tokenizer, context, need)
-    return [cache[context][i] for i in indices]
-
-
-@torch.no_grad()
-def measure(
-    model,
-    tokenizer,
-    spec: MethodSpec | str,
-    task: str,
-    context: int,
-    samples: int,
-    seed: int | None,
-    *,
-    windows: Sequence[int] | None = None,
-    chunk_size: int = 512,
-    batch_size: int | None = None,
-    state: dict | None = None,
-    name: str = "model",
-) -> Measurement:
-    """Score ``spec`` on ``samples`` samples per task of ``task`` (a family or one runner task).
-
-    Args:
-        seed: the samples' seed (S-NIAH, BABILong).
-        windows: essay-window indices (ppl; see :func:`ppl_splits`).
-        state: the eval runner's per-model cache (built samples, current method); pass the same
-            dict for every spec measured on the same seed, so samples are built once.
-    """
-    from ..eval.stats import bootstrap_ppl_interval, wilson_interval
-
-    spec = str(parse_spec(spec))
-    tasks = family_tasks(task)
-    state = {} if state is None else state
-    t0 = time.perf_counter()
-    if tasks == ("ppl",):
-        from ..eval.perplexity import perplexity
-
-        if not windows:
-            raise ValueError("ppl is measured on essay windows: give their indices (ppl_splits)")
-        use_method(model, spec)
-        nll, count = [], []
-        for w in _essay_windows(tokenizer, context, windows, state):
-            res = perplexity(model, w, chunk_size=chunk_size)
-            nll.append(res.nll_sum)
-            count.append(res.n_tokens)
-        ppl = bootstrap_ppl_interval(nll, count)
-        return Measurement(
-            spec, "neg_nll", -math.log(ppl.estimate), -math.log(ppl.hi), -math.log(ppl.lo), len(nll),
-            {"ppl": -sum(nll) / sum(count)}, None, list(windows), round(time.perf_counter() - t0, 2),
-        )  # fmt: skip
-    from ..eval.runner import EvalConfig, default_batch_size, plan, run_cell
-
-    cfg = EvalConfig(
-        model=name,
-        methods=[spec],
-        tasks=list(tasks),
-        lengths=[context],
-        babilong_lengths=[context],
-        samples=samples,
-        seed=seed,
-        chunk_size=chunk_size,
-        niah_max_new_tokens=None,
-        babilong_facts="generated",
-        batch_size=batch_size,
-    )
-    # Something else may have switched the model since this state last saw it: switch again.
-    state.pop("method", None)
-    rows = []
-    for cell in plan(cfg, batch_size=default_batch_size(cfg, model)):
-        rows += run_cell(cfg, cell, (model, tokenizer), state)
-    scores = [r["score"] / 100.0 for r in rows]
-    interval = wilson_interval(sum(scores), len(scores))
-    per_task = {t: sum(r["score"] for r in rows if r["task"] == t) / 100.0 / samples for t in tasks}
-    return Measurement(
-        spec, "accuracy", interval.estimate, interval.lo, interval.hi, interval.n, per_task, seed, None,
-        round(time.perf_counter() - t0, 2),
-    )  # fmt: skip
-
-
-def _measure_all(
-    model, tokenizer, specs, task, context, samples, seed, windows, chunk_size, batch_size, name, progress
-) -> dict[str, Measurement]:
-    """``measure`` of each spec on one sample set (samples built once), with a tqdm bar if asked."""
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(specs), desc="candidates", unit="spec")
-    state: dict = {}
-    out = {}
-    try:
-        for spec in specs:
-            if bar is not None:
-                bar.set_postfix_str(spec)
-            out[spec] = measure(
-                model, tokenizer, spec, task, context, samples, seed, windows=windows, chunk_size=chunk_size,
-                batch_size=batch_size, state=state, name=name,
-            )  # fmt: skip
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
     return out
 
 
@@ -470,9 +283,8 @@ def tune(
     task: str = "niah",
     config: TuneConfig | None = None,
     *,
-    progress: bool = True,
-    name: str | None = None,
     out: str | Path | None = None,
+    **options,
 ) -> TuneResult:
     """Find the best ``swa:W:S[+full:...]`` within ``kv_budget_bytes`` at ``context`` tokens.
 
@@ -484,6 +296,7 @@ def tune(
         task: ``"niah"`` (S-NIAH-1/2/3 average), ``"babilong"`` (QA1-5), ``"ppl"``, or one runner task.
         config: the search (:class:`TuneConfig`; default: its defaults).
         out: also write ``frontier.json``, ``frontier.png`` and ``tune.json`` there.
+        options: ``name`` (the model's, for the record) and ``progress`` (:class:`~.options.RunOptions`).
 
     Returns:
         A :class:`TuneResult`; the model is left in full attention.
@@ -494,7 +307,9 @@ def tune(
     t0 = time.perf_counter()
     cfg = config or TuneConfig()
     tasks = _check_tune(kv_budget_bytes, context, task, cfg)
-    name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+    opts = RunOptions(**options).refuse_unused("tune", ("name", "progress"))
+    progress = opts.progress
+    name = opts.name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
     plan = plan_candidates(
         model.config, context, kv_budget_bytes, dtype=model.dtype, windows=cfg.windows, sinks=cfg.sinks,
         by=cfg.by, max_k=cfg.max_k,
@@ -503,21 +318,16 @@ def tune(
         ppl_splits(tokenizer, context, cfg.samples, cfg.heldout_samples) if tasks == ("ppl",) else None
     )
     candidates, unit_scores = _candidates(model, tokenizer, plan, context, kv_budget_bytes, cfg, progress)
-    runs = dict(task=task, context=context, chunk_size=cfg.chunk_size, batch_size=cfg.batch_size, name=name)
+    calib_set = SampleSet(task, context, cfg.samples, None if ppl_windows else cfg.seed,
+                          ppl_windows[0] if ppl_windows else None, cfg.chunk_size, cfg.batch_size, name)  # fmt: skip
+    heldout_set = replace(calib_set, samples=cfg.heldout_samples, seed=None if ppl_windows else cfg.heldout_seed,
+                          windows=ppl_windows[1] if ppl_windows else None)  # fmt: skip
     try:
-        calibration = _measure_all(
-            model, tokenizer, [c.spec for c in candidates], samples=cfg.samples,
-            seed=None if ppl_windows else cfg.seed, windows=ppl_windows[0] if ppl_windows else None,
-            progress=progress, **runs,
-        )  # fmt: skip
+        calibration = measure_all(model, tokenizer, [c.spec for c in candidates], calib_set, progress)
         best = _choose(candidates, calibration)
         base_of_best = str(parse_spec(best.spec).base) if best.spec != "full" else None
         reported = list(dict.fromkeys([best.spec, "full", *([base_of_best] if base_of_best else [])]))
-        heldout = _measure_all(
-            model, tokenizer, reported, samples=cfg.heldout_samples,
-            seed=None if ppl_windows else cfg.heldout_seed, windows=ppl_windows[1] if ppl_windows else None,
-            progress=False, **runs,
-        )  # fmt: skip
+        heldout = measure_all(model, tokenizer, reported, heldout_set)
     finally:
         use_method(model, "full")  # whatever happened, the caller's model runs full attention again
     if ppl_windows:
@@ -562,8 +372,7 @@ def _check_tune(kv_budget_bytes: int, context: int, task: str, cfg: TuneConfig) 
         raise ValueError(
             f"the KV budget must be positive, got {kv_budget_bytes} bytes: e.g. --kv-budget 24MiB"
         )
-    if cfg.criterion not in CRITERIA:
-        raise ValueError(f"unknown criterion {cfg.criterion!r}: choose from {', '.join(CRITERIA)}")
+    check_criterion(cfg.criterion)
     tasks = family_tasks(task)
     check_seeds(cfg.seed, cfg.heldout_seed)
     return tasks
@@ -582,14 +391,13 @@ def _candidates(model, tokenizer, plan, context: int, budget: int, cfg: TuneConf
     unit_scores: dict[str, dict] = {}
     if scored:
         prompts = calibration_prompts(tokenizer, cfg.calib_samples, cfg.calib_length or context, cfg.seed)
-        unit_scores = score_units(
-            model, prompts, scored, units, [cfg.criterion], chunk_size=cfg.chunk_size,
-            last_queries=cfg.last_queries, progress=progress,
-        )  # fmt: skip
+        run = ScoringRun(model, prompts, scored, units, cfg.chunk_size, cfg.last_queries)
+        unit_scores = score_units(run, [cfg.criterion], progress=progress)
     candidates: list[Candidate] = []
     for base, k_max in plan:
         scores = unit_scores[str(base)][cfg.criterion] if k_max else None
-        ranked = select_units(units, scores, k_max, higher_is_better=cfg.criterion != "rank") if k_max else []
+        higher = CRITERIA[cfg.criterion].higher_is_better
+        ranked = select_units(units, scores, k_max, higher_is_better=higher) if k_max else []
         for k in range(k_max + 1):
             spec = spec_with_units(base, ranked[:k], kv_heads)
             cost = analytic_state_bytes(spec, config, context, dtype=dtype)
@@ -686,20 +494,17 @@ def write_tune(result: TuneResult, out_dir: str | Path, *, plot: bool = True) ->
 
     A folder's earlier results are never overwritten: they move to ``previous-<UTC time>/`` first.
     """
-    from ..runs.folder import move_aside
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    move_aside(out, ["frontier.json", "frontier.png", "tune.json"])
+    out = fresh_folder(out_dir, ["frontier.json", "frontier.png", "tune.json"])
     data = {**result.to_json(), "provenance": provenance()}
     frontier = {
         k: data[k] for k in ("model", "task", "tasks", "context", "kv_budget_bytes", "dtype", "best", "seeds")
     }
     frontier["candidates"] = data["candidates"]
     frontier["provenance"] = data["provenance"]
-    (out / "frontier.json").write_text(json.dumps(frontier, indent=1) + "\n")
-    (out / "tune.json").write_text(json.dumps(data, indent=1) + "\n")
-    paths = {"frontier": str(out / "frontier.json"), "tune": str(out / "tune.json")}
+    paths = {
+        "frontier": write_json(out / "frontier.json", frontier),
+        "tune": write_json(out / "tune.json", data),
+    }
     if plot:
         try:
             paths["png"] = str(plot_frontier(result, out / "frontier.png"))

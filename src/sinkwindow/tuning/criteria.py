@@ -97,13 +97,10 @@ class Nll(Criterion):
         return len(run.bases) * (1 + len(run.units)) * len(run.prompts)
 
     def score(self, run: ScoringRun, out: dict[str, dict], bar=None) -> None:
-        from .nll import nll_scores
+        from .nll import base_gains
 
         for b in run.bases:
-            ref, gains = nll_scores(
-                run.model, b, run.prompts, run.units, chunk_size=run.chunk_size, bar=bar,
-                native_sliding=run.native_sliding, memo=run.memo, workers=run.workers,
-            )  # fmt: skip
+            ref, gains = base_gains(run, b, bar)
             out[str(b)]["nll"] = gains
             out[str(b)]["nll_base"] = ref
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,15 @@ from ..runtime.kv_bytes import kv_geometry, native_windows
 from ..runtime.reference import reference_mask
 from ..runtime.spec import MethodSpec, parse_spec
 
-__all__ = ["GATE_BLOCK", "GATES_NAME", "GateResult", "gated_attention", "gated_forward", "train_gates"]
+__all__ = [
+    "GATE_BLOCK",
+    "GATES_NAME",
+    "GateResult",
+    "GateTraining",
+    "gated_attention",
+    "gated_forward",
+    "train_gates",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -202,21 +210,33 @@ class GateResult:
         ]
 
 
+@dataclass(frozen=True)
+class GateTraining:
+    """How :func:`train_gates` trains: ``steps`` Adam steps at ``lr`` with ``l1`` × the mean α added,
+    α starting at ``init``, torch seeded with ``seed``; ``block``: :func:`gated_forward`'s (``None``:
+    the dense reference); ``native_sliding``: ``"keep"`` leaves native sliding layers ungated on their
+    own window (their α stay at ``init`` and count in no loss), as ``apply`` leaves them;
+    ``"override"`` gates every layer."""
+
+    steps: int = 50
+    lr: float = 0.05
+    l1: float = 0.05
+    init: float = 1.0
+    seed: int = 0
+    progress: bool = False
+    native_sliding: str = "override"
+    block: int | None = GATE_BLOCK
+
+
 def train_gates(
     model: PreTrainedModel,
     prompts: Sequence[torch.Tensor],
     spec: MethodSpec | str,
+    config: GateTraining | None = None,
     *,
-    steps: int = 50,
-    lr: float = 0.05,
-    l1: float = 0.05,
-    init: float = 1.0,
-    seed: int = 0,
-    progress: bool = False,
-    native_sliding: str = "override",
     resume: dict | None = None,
     on_step: Callable[[dict], None] | None = None,
-    block: int | None = GATE_BLOCK,
+    **settings,
 ) -> GateResult:
     """Optimise one gate per KV head on the frozen ``model`` (unpatched: full attention).
 
@@ -227,25 +247,24 @@ def train_gates(
     Args:
         prompts: token ids ``[1, n]`` (calibration prompts; none an evaluation uses).
         spec: the streaming side, a plain ``swa:W:S``.
-        native_sliding: ``"keep"`` leaves native sliding layers ungated on their own window (their
-            α stay at ``init`` and count in no loss), as ``apply`` leaves them; ``"override"`` gates
-            every layer.
+        config: how to train (:class:`GateTraining`); ``settings`` override its fields by name.
         on_step: called after every step with the training state, JSON (``step``: steps done,
             ``alpha``, ``opt``: the optimiser's state, ``losses``). One step on a 4K-token prompt of
             SmolLM2-135M takes about 1.5 CPU-minutes and 7 GiB, so a calibration keeps each state
             (``calibrate``'s memo).
         resume: such a state: the training goes on from it, with the result of one run.
-        block: :func:`gated_forward`'s (``None``: the dense reference).
     """
+    cfg = replace(config or GateTraining(), **settings)
+    steps, init = cfg.steps, cfg.init
     spec = parse_spec(spec) if isinstance(spec, str) else spec
     if spec.kind != "swa" or spec.is_hybrid or spec.window is None:
         raise ValueError(f"gates mix full attention with a plain swa:W:S, got {spec}")
     if not prompts:
         raise ValueError("give at least one calibration prompt")
-    torch.manual_seed(seed)
+    torch.manual_seed(cfg.seed)
     n_layers, _, kv_heads, _ = kv_geometry(model.config)
     native = native_windows(model.config)
-    gated = [i for i in range(n_layers) if native_sliding != "keep" or native[i] is None]
+    gated = [i for i in range(n_layers) if cfg.native_sliding != "keep" or native[i] is None]
     if not gated:
         raise ValueError("every layer slides natively: under native_sliding='keep' there is no head to gate")
     alpha = {i: torch.full((kv_heads,), float(init), requires_grad=True) for i in gated}
@@ -256,7 +275,7 @@ def train_gates(
     with torch.no_grad():
         for ids in prompts:
             targets.append(model(ids, use_cache=False, output_hidden_states=True).hidden_states[-1].float())
-    opt = torch.optim.Adam(alpha.values(), lr=lr)
+    opt = torch.optim.Adam(alpha.values(), lr=cfg.lr)
     losses: list[dict] = []
     start = 0
     if resume is not None:
@@ -266,17 +285,17 @@ def train_gates(
                 alpha[i].copy_(torch.tensor(resume["alpha"][i], dtype=alpha[i].dtype))
         opt.load_state_dict(_from_json(resume["opt"]))
     bar = None
-    if progress:
+    if cfg.progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, initial=start, desc="gates", unit="step")
     try:
         for step in range(start, steps):
             k = step % len(prompts)
-            hidden = gated_forward(model, prompts[k], alpha, spec, block=block).float()
+            hidden = gated_forward(model, prompts[k], alpha, spec, block=cfg.block).float()
             distill = F.mse_loss(hidden, targets[k])
             reg = torch.stack(list(alpha.values())).mean()
-            loss = distill + l1 * reg
+            loss = distill + cfg.l1 * reg
             opt.zero_grad()
             loss.backward()
             opt.step()

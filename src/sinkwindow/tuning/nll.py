@@ -35,6 +35,7 @@ __all__ = [
     "nll_workers",
     "nll_key",
     "nll_scores",
+    "base_gains",
 ]
 
 
@@ -202,25 +203,30 @@ def nll_scores(
     prompts: Sequence[CalibrationPrompt],
     units: Sequence[Unit],
     *,
-    chunk_size: int = 512,
     bar=None,
-    native_sliding: str = "override",
-    memo: Memo | None = None,
-    workers: NllWorkers | None = None,
+    **run,
 ) -> tuple[float, list[float]]:
     """NLL gain of each unit kept full alone: ``nll(base) - nll(base+full:unit)``.
 
-    Leaves the model in full attention. ``memo``: finished runs to reuse and keep; ``workers``:
-    where the runs go (:func:`mean_nlls`).
+    ``run``: how the runs go, by :class:`~.criteria.ScoringRun`'s fields (``chunk_size``,
+    ``native_sliding``, ``memo``: finished runs to reuse and keep, ``workers``: where the runs go,
+    :func:`mean_nlls`). Leaves the model in full attention.
 
     Returns:
         ``(nll of base, [gain per unit])``, nats per answer token, averaged over prompts.
     """
+    from .criteria import ScoringRun
+
+    return base_gains(ScoringRun(model, prompts, [base], units, **run), base, bar)
+
+
+def base_gains(run, base: MethodSpec | str, bar=None) -> tuple[float, list[float]]:
+    """:func:`nll_scores` of ``run``'s units on one of its bases (a :class:`~.criteria.ScoringRun`)."""
     base = check_base_spec(base)
     try:
-        ref, *nlls = mean_nlls(model, [base, *(spec_with_units(base, [u]) for u in units)], prompts, chunk_size,
-                               bar, native_sliding, memo, workers)  # fmt: skip
+        ref, *nlls = mean_nlls(run.model, [base, *(spec_with_units(base, [u]) for u in run.units)], run.prompts,
+                               run.chunk_size, bar, run.native_sliding, run.memo, run.workers)  # fmt: skip
         gains = [ref - v for v in nlls]
     finally:
-        use_method(model, "full")
+        use_method(run.model, "full")
     return ref, gains

@@ -15,6 +15,16 @@ with ``bench.memory``); nothing in the core, ``eval`` or ``bench`` imports it.
   and keeps the top K.
 - ``tune``: searches W, S, K (and the units) under a KV-memory budget at one context, writes the
   Pareto frontier, and checks the winner on held-out samples of another seed.
+- ``frontier``: at each KV budget (a fraction of full attention's), the spec each strategy
+  (``STRATEGIES``) reaches, evaluated held out against full attention.
+
+The three are thin front ends over one pipeline, each over a typed config (``CalibrateConfig``,
+``TuneConfig``, ``FrontierConfig``; how a run goes, apart from its numbers: ``RunOptions``):
+
+    criteria.py   the criteria, one class each, registered by name in CRITERIA; score_units
+    selection.py  top-K and greedy selection of units from their scores (SELECTIONS)
+    measure.py    a spec measured through the evaluation runner, in memory or in a run folder
+    records.py    every file written, through runs/ (provenance, atomic JSON, the memo's JSONL)
 """
 
 from .._lazy import lazy_package

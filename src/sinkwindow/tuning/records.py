@@ -5,6 +5,12 @@ Every JSON file is written whole and atomically (``runs.folder.write_text_atomic
 command line and library versions that made it (``runs.provenance.command_provenance``); a folder's
 earlier files move to ``previous-<UTC time>/`` first (``runs.folder.move_aside``). The memo's
 lines go through ``sinkwindow.jsonl.append_jsonl`` (atomic, fsynced).
+
+Two files share the name ``frontier.json`` because committed result folders and their readers use
+it; their schemas are told apart by their keys: ``tune``'s (``tune.write_tune``) holds
+``candidates`` (every spec at one budget, with its calibration score and ``on_frontier``);
+``frontier``'s (``frontier.write_frontier``) holds ``points`` (the best spec of each strategy at
+each budget, with its held-out recovery) and the ``config`` that drew them.
 """
 
 from __future__ import annotations

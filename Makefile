@@ -39,12 +39,12 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff format --check src tests benchmarks tools
 
 format: venv
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks tools
+	$(BIN)/ruff check --fix src tests benchmarks tools
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

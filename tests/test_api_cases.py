@@ -125,7 +125,7 @@ def test_a_hub_id_without_a_network_fails_at_once_with_the_fix(monkeypatch):
 
 
 def test_the_second_audit_gets_one_line_errors_from_the_api():
-    """Cases of the second input audit (benchmarks/input_audit.py): each failed deep inside, or was taken."""
+    """Cases of the second input audit (tools/input_audit.py): each failed deep inside, or was taken."""
     model = tiny_model("llama")
     sinkwindow.apply(model, "swa:8:2")
     ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))

@@ -189,7 +189,7 @@ def test_checkpoint_messages_name_the_methods_asked(tmp_path, capsys):
 
 
 def test_the_second_audit_gets_one_line_errors_from_the_cli(tiny_folder, tmp_path, capsys, monkeypatch):
-    """Cases of the second input audit (benchmarks/input_audit.py) that were tracebacks or taken in silence."""
+    """Cases of the second input audit (tools/input_audit.py) that were tracebacks or taken in silence."""
     import torch
 
     monkeypatch.setenv("SINKWINDOW_ALLOW_DIRTY", "1")  # the source may be mid-edit; these runs write no rows

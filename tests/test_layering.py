@@ -177,7 +177,9 @@ def test_no_source_file_is_ignored_by_git():
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
     files = [
-        str(p.relative_to(root)) for d in ("src", "tests", "benchmarks") for p in (root / d).rglob("*.py")
+        str(p.relative_to(root))
+        for d in ("src", "tests", "benchmarks", "tools")
+        for p in (root / d).rglob("*.py")
     ]
     files = [f for f in files if "__pycache__" not in f]
     assert len(files) > 100  # the walk found the sources

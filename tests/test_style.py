@@ -29,7 +29,7 @@ def test_library_modules_never_print():
 def test_no_banner_comments():
     banners = [
         f"{path.relative_to(REPO)}:{i}"
-        for folder in ("src", "tests", "benchmarks")
+        for folder in ("src", "tests", "benchmarks", "tools")
         for path in sorted((REPO / folder).rglob("*.py"))
         for i, line in enumerate(path.read_text().splitlines(), 1)
         if BANNER.match(line)

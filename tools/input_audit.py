@@ -33,9 +33,9 @@ Classes (``audit.jsonl``: one line per case; ``summary.json``: the counts and th
 - ``misleading``: a one-line refusal that does not name the problem (none of the case's expected words:
   the flag or the value), names the wrong one, or refuses a valid input.
 
-    .venv/bin/python benchmarks/input_audit.py                 # all cases -> /tmp/audit
-    .venv/bin/python benchmarks/input_audit.py --only spec-    # cases whose id contains 'spec-'
-    .venv/bin/python benchmarks/input_audit.py --list          # ids and command lines, runs nothing
+    .venv/bin/python tools/input_audit.py                 # all cases -> /tmp/audit
+    .venv/bin/python tools/input_audit.py --only spec-    # cases whose id contains 'spec-'
+    .venv/bin/python tools/input_audit.py --list          # ids and command lines, runs nothing
 
 Re-running replaces the rows of the cases it ran and keeps the others, then rewrites the summary.
 Every case gets ``SINKWINDOW_ALLOW_DIRTY=1`` (the audit is about inputs, and the checkout may have

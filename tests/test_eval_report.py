@@ -312,3 +312,73 @@ def test_lcc_edit_similarity_gets_a_column_a_section_and_a_bootstrap_interval():
     header = next(line for line in md.split("## Summary")[1].splitlines() if line.startswith("| method"))
     assert header.endswith("| LCC |")
     assert "edit similarity" not in markdown_report(summarize(niah("full", 1024, [1, 0])), {"model": "m"}, [])
+
+
+def _write_run(folder, rows):
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def _sections(md: str) -> list[str]:
+    return [line for line in md.splitlines() if line.startswith("## ")]
+
+
+@pytest.fixture
+def reference_rows() -> list[dict]:
+    """30 samples a cell: swa:256:4 finds 25 needles, lolcats:256 5 of the same (an exact test decides),
+    liger:256 24 (within noise)."""
+    r = niah("full", 1024, [1] * 30) + niah("swa:256:4", 1024, [1] * 25 + [0] * 5)
+    r += niah("lolcats:256", 1024, [1] * 5 + [0] * 25) + niah("liger:256", 1024, [1] * 24 + [0] * 6)
+    return r
+
+
+def test_a_quick_report_opens_with_the_reference_runs_decisions(reference_rows, tmp_path):
+    ref = _write_run(tmp_path / "2026-12-02-m-long", reference_rows)
+    # The quick run's samples are the reference's first two per cell, with the same scores.
+    quick_rows = [r for r in reference_rows if r["index"] < 2]
+    quick = _write_run(tmp_path / "quick", quick_rows)
+    md = write_report(quick, reference_run=ref).read_text()
+    sections = _sections(md)
+    assert sections[0] == "## The answer: what the reference run 2026-12-02-m-long decides"
+    assert sections[1] == "## What this run measured"
+    answer = md.split(sections[0])[1].split(sections[1])[0]
+    # The reference's decision (25 vs 5 of 30: +66.7) is there, and liger's difference is not one.
+    assert "- against `lolcats:256`: wins 1, loses 0, no difference 0 of 1" in answer
+    assert "- against `liger:256`: wins 0, loses 0, no difference 1 of 1" in answer
+    assert "**+66.7 wins**" in answer and "wins** <sub>" not in answer.split("`liger:256` |")[1]
+    assert "too few" not in answer.lower()
+    measured = md.split(sections[1])[1]
+    assert "8 of this run's 8 task samples are samples of `2026-12-02-m-long`" in measured
+    assert "every one scores the same" in measured
+    # The demo-size caveat comes below the answer, before this run's tables.
+    caveat = md.index("**Too few samples to decide:**")
+    assert md.index(sections[1]) < caveat < md.index("## Summary")
+    assert "5 of this run's 5 compared (pair, task, length) cells" in md  # 2 baselines and 3 against full
+    # A sample that scores differently from the reference's is named, not hidden.
+    quick_rows[1] = {**quick_rows[1], "score": 100.0 - quick_rows[1]["score"]}
+    (quick / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in quick_rows))
+    md = write_report(quick, reference_run=ref).read_text()
+    assert "and 7 of them score the same there (largest gap 100.0 points)" in md
+
+
+def test_a_run_large_enough_to_decide_opens_with_its_own_decisions(reference_rows, tmp_path):
+    md = write_report(_write_run(tmp_path / "long", reference_rows)).read_text()
+    assert _sections(md)[:3] == [
+        "## The answer: what this run decides",
+        "## What this run measured",
+        "## Summary",
+    ]
+    assert "**+66.7 wins**" in md and "Too few samples" not in md
+    # The long sections are folded under their headings; every number is still on the page.
+    after = md.split("## Which differences are larger than their noise")[1]
+    assert after.lstrip().startswith("<details><summary>")
+    assert "swa:256:4 beats lolcats:256: 83.3 vs 16.7" in after
+
+
+def test_a_small_run_without_a_reference_has_no_answer_section(tmp_path):
+    small = niah("full", 1024, [1, 1]) + niah("swa:256:4", 1024, [1, 0]) + niah("lolcats:256", 1024, [0, 0])
+    md = write_report(_write_run(tmp_path / "small", small)).read_text()
+    assert _sections(md)[0] == "## Summary"
+    assert md.index("**Too few samples to decide:**") < md.index("## Summary")
+    assert "a run with more samples per cell" in md

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from .report import long_context_rows
@@ -24,7 +25,7 @@ from .results import CONFIG_FILE, ResultsStore
 from .summary import summarize
 from .tables import headline_sections
 
-__all__ = ["find_reference_run", "reference_section", "REFERENCE_SUFFIX"]
+__all__ = ["find_reference_run", "load_reference", "reference_section", "Reference", "REFERENCE_SUFFIX"]
 
 # benchmarks/results/<YYYY-MM-DD>-<model>-long
 REFERENCE_SUFFIX = "-long"
@@ -70,13 +71,28 @@ def _commits(config: dict) -> list[str]:
     return seen
 
 
-def reference_section(folder: str | os.PathLike, link_from: str | os.PathLike | None = None) -> list[str]:
-    """Markdown lines: the reference run's label and headline tables (summary, S-NIAH-3, BABILong,
-    SWA ÷ LoLCATs), computed from ``folder/results.jsonl``.
+@dataclass(frozen=True)
+class Reference:
+    """A reference run read once: its folder name, the label naming its n and commits, its
+    long-context rows and their :func:`~.summary.summarize` dict."""
+
+    name: str
+    label: str
+    rows: list
+    summary: dict
+
+    def section(self) -> list[str]:
+        """Markdown lines: the label and the headline tables (summary, S-NIAH-3, BABILong, SWA ÷ LoLCATs)."""
+        lines = [f"## Reference run: {self.name}", "", self.label, ""]
+        return lines + headline_sections(self.summary, level=3)
+
+
+def load_reference(folder: str | os.PathLike, link_from: str | os.PathLike | None = None) -> Reference:
+    """Read a reference run folder and summarize its rows.
 
     Args:
         folder: the reference run folder.
-        link_from: the folder of the report that embeds the section; the link is made relative to it.
+        link_from: the folder of the report that embeds it; the label's link is relative to it.
 
     Raises:
         ValueError: the folder holds no readable long-context rows.
@@ -103,8 +119,16 @@ def reference_section(folder: str | os.PathLike, link_from: str | os.PathLike | 
         f"{config.get('seed', '?')}; model {config.get('model', '?')}; "
         f"{'commit ' + ', '.join(commits) if commits else 'commit not recorded'}; last written "
         f"{config.get('updated', '?')}). Rendered from that file now, as its own report is; these are "
-        "the numbers to quote, the quick run's above are a smoke test."
+        "the numbers to quote, the quick run's are a smoke test."
     )
-    lines = [f"## Reference run: {folder.name}", "", label, ""]
-    lines += headline_sections(summarize(rows), level=3)
-    return lines
+    return Reference(folder.name, label, rows, summarize(rows))
+
+
+def reference_section(folder: str | os.PathLike, link_from: str | os.PathLike | None = None) -> list[str]:
+    """Markdown lines: the reference run's label and headline tables, computed from
+    ``folder/results.jsonl`` (:func:`load_reference`, then :meth:`Reference.section`).
+
+    Raises:
+        ValueError: the folder holds no readable long-context rows.
+    """
+    return load_reference(folder, link_from).section()

@@ -35,6 +35,7 @@ import math
 from pathlib import Path
 
 from ..runtime.spec import parse_spec
+from .decisions import opening_lines
 from .html import md_to_html
 from .plots import render_plots
 from .summary import summarize
@@ -193,17 +194,20 @@ def write_report(
         section = _short_section(lm_rows or None, run / "short")
         if section:
             extra += [section, ""]
+    reference = None
     if reference_run is not None and Path(reference_run).resolve() != run.resolve():
-        from .committed_run import reference_section
+        from .committed_run import load_reference
 
-        extra += reference_section(reference_run, link_from=run)
+        reference = load_reference(reference_run, link_from=run)
+        extra += reference.section()
     from ..runs.session_log import session_lines
 
     extra += session_lines(run, store.all_rows())
     trained, labels = adapter_facts(rows, config)
     s = summarize(rows, needles=read_needles(run), trained=trained, labels=labels)
     plots = render_plots(s, run)
-    md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes)
+    lead = opening_lines(s, rows, reference)
+    md = markdown_report(s, config if isinstance(config, dict) else {}, plots, extra, notes, lead=lead)
     return _write_page(
         run,
         md,

@@ -353,7 +353,7 @@ def _window_split_section(s: dict) -> list[str]:
     return lines
 
 
-def _fmt_p(d: dict) -> str:
+def format_p(d: dict) -> str:
     """``p=0.004 [Holm 0.03]``, or ``p=0.093`` where Holm did not apply."""
 
     def one(x: float) -> str:
@@ -380,11 +380,11 @@ def _difference_line(a: str, b: str, family: str, ds: list[dict]) -> str:
             said.append(
                 f"at {length_label(d['length'])} {a} {verb} {b}: {_fmt(d['mean_a'])} vs {_fmt(d['mean_b'])}, "
                 f"difference {d['estimate']:+.1f}{_fmt_bounds(d)}, "
-                f"n={d['n']}, {_fmt_p(d)}"
+                f"n={d['n']}, {format_p(d)}"
             )
     few = [f"{length_label(d['length'])} (n={d['n']})" for d in ds if d.get("too_few")]
     quiet = [
-        f"{length_label(d['length'])} ({_fmt_p(d)}, mdd {_fmt(d['mdd'])})"
+        f"{length_label(d['length'])} ({format_p(d)}, mdd {_fmt(d['mdd'])})"
         for d in ds
         if not d["beyond_noise"] and not d.get("too_few")
     ]
@@ -410,10 +410,13 @@ def markdown_report(
     plots: list[tuple[str, str]],
     extra_sections: list[str] = (),
     notes: list[str] = (),
+    *,
+    lead: list[str] = (),
 ) -> str:
-    """The report page; ``notes`` (one line each) go right after the introduction."""
+    """The report page; ``lead`` (``decisions.opening_lines``: the answer) opens it, ``notes`` (one
+    line each) go right after the introduction, and the long sections below the summary are folded."""
     cfg = config or {}
-    lines = [f"# sinkwindow report: {cfg.get('model', '?')}", ""]
+    lines = [f"# sinkwindow report: {cfg.get('model', '?')}", "", *lead]
     # The methods the rows hold: a folder built up in stages holds more than its last run asked for
     # (the config has that run's methods and samples), and cells of several n.
     methods = method_order(set(s["ppl"]) | {m for f in s["accuracy"].values() for m in f})
@@ -456,10 +459,10 @@ def markdown_report(
         _summary_table(s),
         "",
     ]
-    lines += _swa_lolcats_section(s)
+    lines += _folded(_swa_lolcats_section(s), "the ratio tables, by baseline")
     lines += _hybrid_section(s)
-    lines += _differences_section(s)
-    lines += _window_split_section(s)
+    lines += _folded(_differences_section(s), "every compared pair, task and length, in words")
+    lines += _folded(_window_split_section(s), "needles found inside and beyond each window")
     for title, fname in plots[:1]:
         lines += [f"![{title}]({fname})", ""]
     if s["ppl"]:
@@ -475,6 +478,14 @@ def markdown_report(
     if versions:
         lines += ["Produced with " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", ""]
     return "\n".join(lines)
+
+
+def _folded(section: list[str], what: str) -> list[str]:
+    """A section with its heading shown and its body folded into ``<details>`` (``what`` says what the
+    fold holds); an empty section stays empty."""
+    if not section:
+        return []
+    return [section[0], "", f"<details><summary>Show {what}</summary>", "", *section[1:], "</details>", ""]
 
 
 def _task_sections(s: dict, plots: list[tuple[str, str]]) -> list[str]:

@@ -2,10 +2,12 @@
 
 A quick ``compare`` has a few samples per cell; the project commits one long run per packaged model
 (``benchmarks/results/<date>-<name>-long/``, e.g. ``2026-12-02-smollm2-long``: ``sinkwindow compare --full`` with >= 30 samples per
-cell). A quick report on the same model links that folder and shows its headline tables, computed
-at report time from the folder's ``results.jsonl`` by the same :func:`~.summary.summarize` as any
-report, and labelled with the folder's date, its sample counts and the commit(s) that produced it,
-so no number in it is typed by hand or goes stale when the run is extended.
+cell). A quick report on the same model opens with that folder's decisions (``decisions.py``: SWA
+against each baseline by exact test), checks its own samples against the folder's, and shows the
+folder's headline tables further down; all of it computed at report time from the folder's
+``results.jsonl`` by the same :func:`~.summary.summarize` as any report, and labelled with the
+folder's date, its sample counts and the commit(s) that produced it, so no number in it is typed by
+hand or goes stale when the run is extended.
 
 The folder is looked for under ``benchmarks/results/`` of the current directory and of the source
 checkout the package runs from; an installed wheel has neither, and the report then says so in one

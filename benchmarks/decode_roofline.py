@@ -31,9 +31,8 @@ import torch
 
 import sinkwindow
 from sinkwindow.bench.roofline import measure_bandwidth, roofline_ms, weight_bytes_per_token
+from sinkwindow.methods import method_of
 from sinkwindow.runtime.generate import DecodeStep, decode_speed
-from sinkwindow.runtime.kv_bytes import analytic_state_bytes
-from sinkwindow.runtime.spec import parse_spec
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::mv")
 
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bw = measure_bandwidth(nbytes=args.bandwidth_mib * 2**20)
     weights = weight_bytes_per_token(model)
-    kv = analytic_state_bytes(parse_spec(args.spec), model.config, args.context, dtype=torch.float32)
+    kv = method_of(args.spec).state_bytes(model.config, args.context, dtype=torch.float32)
     roof = roofline_ms(weights + kv, bw["bandwidth_gbps"])
     t0 = time.perf_counter()
     speed = decode_speed(model, args.spec, context=args.context, tokens=args.tokens, rounds=args.rounds)

@@ -4,7 +4,7 @@
 
 Nothing is downloaded: the model is its published geometry (32 layers, 32 query heads, 8 KV heads,
 head_dim 128, hidden 4096, MLP 14336, vocabulary 128256) in a ``LlamaConfig``. The KV bytes come
-from ``sinkwindow.runtime.kv_bytes.analytic_state_bytes`` (bfloat16, batch 1), the weights' bytes from
+from ``sinkwindow.methods.method_of(spec).state_bytes`` (bfloat16, batch 1), the weights' bytes from
 a parameter count of the same config built on the meta device, as is the size of the float64
 copy ``sinkwindow check`` compares with (the first ``--layers`` decoder layers, 4 by default, plus
 the embeddings and the head). Prints a Markdown table, then one JSON line with the numbers.
@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sinkwindow import parse_spec
-from sinkwindow.runtime.kv_bytes import analytic_state_bytes
+from sinkwindow.methods import method_of
 
 CONFIG = LlamaConfig(
     num_hidden_layers=32,
@@ -58,7 +58,7 @@ def weight_bytes(config: LlamaConfig, dtype: torch.dtype, layers: int | None = N
 
 def main() -> None:
     specs = [parse_spec(m) for m in METHODS]
-    kv = {str(s): {n: analytic_state_bytes(s, CONFIG, n, dtype=DTYPE) for n in CONTEXTS} for s in specs}
+    kv = {str(s): {n: method_of(s).state_bytes(CONFIG, n, dtype=DTYPE) for n in CONTEXTS} for s in specs}
     full = kv["full"]
     print("| context | " + " | ".join(f"`{s}`" for s in kv) + " |")
     print("|---:|" + "---:|" * len(kv))

@@ -35,6 +35,7 @@ from sinkwindow.bench import (
 )
 from sinkwindow.bench.cli import config_from_args, parse_contexts
 from sinkwindow.bench.decode import random_ids
+from sinkwindow.methods import method_of
 from sinkwindow.runtime.spec import parse_spec
 
 # GQA (6 query heads over 2 KV heads), sizes that are not powers of two.
@@ -96,7 +97,7 @@ def test_analytic_bytes_equal_cache_nbytes(tiny, method, n):
         _, cache = runner.prefill(ids, chunk_size=8)
         measured = cache_nbytes(cache)
         assert measured == runner.analytic_bytes(n)
-        assert measured == analytic_state_bytes(parse_spec(method), tiny.config, n, dtype=torch.float32)
+        assert measured == method_of(method).state_bytes(tiny.config, n, dtype=torch.float32)
         assert cache.get_seq_length() == n
 
 
@@ -165,7 +166,7 @@ def test_cache_nbytes_counts_the_storage_a_view_pins(tiny):
 def test_analytic_bytes_are_flat_for_bounded_methods(tiny):
     for method in ("swa:64:4", "evict:64:4", "linear", "lolcats:64"):
         spec = parse_spec(method)
-        sizes = {analytic_state_bytes(spec, tiny.config, n) for n in (64, 1024, 262144)}
+        sizes = {method_of(spec).state_bytes(tiny.config, n) for n in (64, 1024, 262144)}
         assert len(sizes) == 1, method
     full = parse_spec("full")
     assert analytic_state_bytes(full, tiny.config, 2048) == 2 * analytic_state_bytes(full, tiny.config, 1024)

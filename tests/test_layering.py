@@ -13,13 +13,15 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "sinkwindow"
 
 # The architecture, bottom to top; a layer imports only itself and the layers below it:
-#   runtime <- (methods, to come) <- linear, models <- eval, bench, train, tuning, serve, runs <- cli
+#   runtime <- linear, models <- methods <- eval, bench, train, tuning, serve, runs <- cli
+# (methods/ converts to the linear retrofits, so it sits above linear; the runtime below it reads the
+# spec's own predicates.)
 # ``_lazy`` and ``jsonl`` are plumbing every layer may use. Each area's ``<area>/cli.py`` front end
 # registers a subcommand and so belongs to the cli layer.
 LAYERS = [
     {"runtime", "_lazy", "jsonl"},
-    {"methods"},
     {"linear", "models"},
+    {"methods"},
     {"eval", "bench", "train", "tuning", "serve", "runs"},
     {"cli"},
 ]

@@ -10,7 +10,7 @@ Pieces, usable on their own: ``build_synthetic`` (the paper's 4-layer model), ``
 (a method's or a peer's setup and fast state fill, ``bench.peers``), ``measure_decode`` /
 ``measure_prefill`` (one row each),
 ``measure_bandwidth`` / ``weight_bytes_per_token`` (the roofline), ``PeakMemory`` (measured
-memory; ``analytic_state_bytes`` and ``cache_nbytes`` come from the core's ``sinkwindow.runtime.kv_bytes``),
+memory; ``analytic_state_bytes`` (KV caches; every method: ``sinkwindow.methods.method_of(spec).state_bytes``) and ``cache_nbytes`` come from the core's ``sinkwindow.runtime.kv_bytes``),
 ``check_targets`` / ``write_report``.
 """
 

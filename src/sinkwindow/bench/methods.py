@@ -25,8 +25,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
+from ..methods import method_of
 from ..runtime.cache import FullAttentionLayer, SinkWindowLayer
-from ..runtime.kv_bytes import analytic_state_bytes
 from ..runtime.make_cache import make_cache
 from ..runtime.method import use_method
 from ..runtime.prefill import input_device, prefill
@@ -122,8 +122,8 @@ class MethodRunner:
         return self.prefill(ids, chunk_size)
 
     def analytic_bytes(self, context: int, batch: int = 1) -> int:
-        return analytic_state_bytes(
-            self.spec, self.model.config, context, dtype=self.model.dtype, batch=batch
+        return method_of(self.spec).state_bytes(
+            self.model.config, context, dtype=self.model.dtype, batch=batch
         )
 
 
@@ -251,8 +251,8 @@ class FullStaticRunner(FullRunner):
         return self._compiled(input_ids=token, cache=cache, use_cache=True).logits[:, -1]
 
     def analytic_bytes(self, context: int, batch: int = 1) -> int:
-        return analytic_state_bytes(
-            self.spec, self.model.config, context + self.headroom, dtype=self.model.dtype, batch=batch
+        return method_of(self.spec).state_bytes(
+            self.model.config, context + self.headroom, dtype=self.model.dtype, batch=batch
         )
 
 

@@ -376,11 +376,11 @@ def run_cell(
 
 def _kv_bytes(model, method: str, length: int, native_sliding: str = "override") -> int | None:
     """Analytic bytes of the method's attention state at ``length`` tokens, batch 1 (what a row's memory costs)."""
-    from ..runtime.kv_bytes import analytic_state_bytes
+    from ..methods import method_of
 
     try:
-        return analytic_state_bytes(
-            parse_spec(method), model.config, length, dtype=model.dtype, native_sliding=native_sliding
+        return method_of(method).state_bytes(
+            model.config, length, dtype=model.dtype, native_sliding=native_sliding
         )
     except (ValueError, AttributeError):
         return None

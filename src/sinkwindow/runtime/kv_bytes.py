@@ -20,17 +20,12 @@ from .cache import cache_nbytes
 from .spec import MethodSpec
 
 __all__ = [
-    "LINEAR_STATE_BYTES",
     "analytic_layer_bytes",
     "analytic_state_bytes",
     "cache_nbytes",
     "kv_geometry",
     "native_windows",
 ]
-
-# sinkwindow.linear keeps the recurrent state (S, z) in float32 whatever the model dtype (bf16
-# accumulation of z drifts over long streams, docs/linear.md §7.2).
-LINEAR_STATE_BYTES = 4
 
 
 def kv_geometry(config) -> tuple[int, int, int, int]:
@@ -93,10 +88,9 @@ def analytic_state_bytes(
     *,
     dtype: torch.dtype = torch.float32,
     batch: int = 1,
-    feature_dim: int | None = None,
     native_sliding: str = "override",
 ) -> int:
-    """Bytes a method must hold after ``context`` tokens, from the model config alone.
+    """Bytes of the KV cache a method must hold after ``context`` tokens, from the model config alone.
 
     - ``full``: n keys and values per layer; ``min(n, w - 1)`` on a layer with a native sliding
       window w (the unpatched model's cache; also under ``native_sliding="keep"``).
@@ -104,10 +98,9 @@ def analytic_state_bytes(
       query brings the W-th, see ``SinkWindowLayer``).
     - ``swa:W:S+full:...``: n per KV head that keeps full attention, ``min(n, W - 1)`` per other head
       (``analytic_layer_bytes``).
-    - ``linear``: per layer and query head, S (F x D) and z (F), in float32.
-    - ``lolcats:W``: the linear state plus a FIFO of the last ``min(n, W)`` keys and values.
-    - ``liger:W``: the gated state S (D x D per key/value head, float32, no normaliser) plus a FIFO of
-      the last ``min(n, W - 1)`` keys and values.
+
+    The linear retrofits keep a recurrent state instead: their classes in ``sinkwindow.methods``
+    count it (``method_of(spec).state_bytes``, which answers for every method).
 
     Args:
         spec: the method.
@@ -115,30 +108,16 @@ def analytic_state_bytes(
         context: n, tokens seen.
         dtype: dtype of cached keys/values (the model's).
         batch: rows.
-        feature_dim: F, linear-attention feature size; default ``head_dim`` (what
-            ``sinkwindow.linear.convert`` builds: a Hedgehog projection of f = D/2, F = 2f).
         native_sliding: ``apply``'s policy for native sliding layers (``override`` or ``keep``).
 
     Returns:
         Bytes, summed over layers.
     """
-    if spec.is_full or spec.is_windowed:
-        # One formula for key/value caches, layer by layer (hybrids, native sliding layers).
-        return sum(
-            analytic_layer_bytes(
-                spec, config, context, dtype=dtype, batch=batch, native_sliding=native_sliding
-            )
+    if not (spec.is_full or spec.is_windowed):
+        raise ValueError(
+            f"{spec} keeps a recurrent state, not a KV cache: count it with sinkwindow.methods.method_of(spec).state_bytes"
         )
-    layers, heads, kv_heads, head_dim = kv_geometry(config)
-    elem = torch.empty((), dtype=dtype).element_size()
-    per_token = 2 * batch * kv_heads * head_dim * elem  # one key + one value, one layer
-    feats = feature_dim or head_dim
-    state = layers * batch * heads * (feats * head_dim + feats) * LINEAR_STATE_BYTES
-    if spec.kind == "linear":
-        return state
-    if spec.kind == "lolcats":
-        return state + layers * per_token * min(context, spec.window)
-    if spec.kind == "liger":
-        gla = layers * batch * kv_heads * head_dim * head_dim * LINEAR_STATE_BYTES
-        return gla + layers * per_token * min(context, spec.window - 1)
-    raise ValueError(f"no memory model for method {spec}")
+    # One formula for key/value caches, layer by layer (hybrids, native sliding layers).
+    return sum(
+        analytic_layer_bytes(spec, config, context, dtype=dtype, batch=batch, native_sliding=native_sliding)
+    )

@@ -293,7 +293,7 @@ def _plan_for_call(config, local_size: int | None, q_offset: int) -> tuple[int, 
         # A layer with its own sliding window (Gemma 3 local layers, Mistral): transformers'
         # sliding mask is kv > q - w, which is exactly SWA(w, 0).
         return local_size, 0
-    if plan.kind == "evict" and q_offset == 0:
+    if plan.spec.dense_prompt and q_offset == 0:
         # evict:W:S runs the model as it is over the prompt (the first forward: dense, or a native
         # layer's own window) and windows decoding.
         return (local_size, 0) if local_size is not None else DENSE

@@ -121,7 +121,7 @@ def check_context(model: PreTrainedModel, total_length: int, chunk_size: int | N
         return
     spec = active_spec(model)
     if spec.positions == "cache":
-        first = total_length if spec.kind == "evict" else 0  # evict's dense prompt keeps its positions
+        first = total_length if spec.dense_prompt else 0  # evict's dense prompt keeps its positions
         reach = max(first, spec.window - 1 + (chunk_size or 1))
         if reach > limit:
             raise ValueError(
@@ -186,7 +186,7 @@ def prefill(
     cache = cache if cache is not None else make_cache(model)
     start0 = cache.get_seq_length()
     n = input_ids.shape[1]
-    if active_spec(model).kind == "evict" and start0 == 0:
+    if active_spec(model).dense_prompt and start0 == 0:
         # evict:W:S is dense over the prompt by definition: one forward, then the cache evicts.
         chunk_size = max(n, 1)
     check_context(model, start0 + n, chunk_size)

@@ -232,6 +232,11 @@ class MethodSpec:
         return self.kind in ("linear", "lolcats", "liger")
 
     @property
+    def dense_prompt(self) -> bool:
+        """True when the prompt runs as one dense forward and the window applies to decoding only (``evict``)."""
+        return self.kind == "evict"
+
+    @property
     def recent(self) -> int:
         """W - S: how many of the most recent keys (the query included) a query sees."""
         if self.window is None:

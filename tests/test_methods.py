@@ -138,3 +138,19 @@ def test_evict_prefills_the_prompt_densely_swa_does_not(tiny):
     method_of("full").patch(tiny)
     torch.testing.assert_close(logits["evict:16:2"], logits["full"])
     assert not torch.allclose(logits["swa:16:2"], logits["full"], atol=1e-4)
+
+
+def test_methods_rank_themselves_beside_swa_in_the_papers_order():
+    anchor = parse_spec("swa:64:4")
+    order = ["lolcats:64", "liger:64", "swa:64:4@lora", "swa:64:0", "evict:64:4", "linear"]
+    ranks = [method_of(m).rank_against(anchor) for m in order]
+    assert None not in ranks and ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    for other in ("full", "lolcats:32", "swa:32:0", "evict:64:2", "swa:64:4"):
+        assert method_of(other).rank_against(anchor) is None, other
+    assert method_of("swa:64:4").anchors_comparisons and not method_of("swa:64:0").anchors_comparisons
+    assert [method_of(m).exact_view for m in ("full", "linear", "liger:64", "evict:64:2")] == [
+        None,
+        None,
+        (64, 0),
+        (64, 2),
+    ]

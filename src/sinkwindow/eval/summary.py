@@ -11,6 +11,7 @@ import logging
 import math
 from collections import defaultdict
 
+from ..methods import method_of
 from ..runtime.spec import parse_spec
 from .stats import (
     ALPHA,
@@ -176,27 +177,13 @@ def _comparison_pairs(methods) -> list[tuple[str, str]]:
             pairs += [(a, base)] if base in specs else []
             pairs += [(a, b) for b, sb in specs.items() if sb.is_hybrid and sb.base == sa.base and b > a]
             continue
-        if sa.kind != "swa" or not sa.sinks:
+        if not method_of(sa).anchors_comparisons:
             continue
-        ranked = []
-        for b, sb in specs.items():
-            same_w = sb.window == sa.window and sb.positions == sa.positions
-            if sb.kind in ("lolcats", "liger") and sb.window == sa.window:
-                ranked.append((0 if sb.kind == "lolcats" else 1, b))
-            elif (
-                sb.kind == "swa"
-                and same_w
-                and sb.sinks == sa.sinks
-                and sb.adapter != sa.adapter
-                and not sa.adapter
-            ):
-                ranked.append((1.5, b))  # SWA(w, s) against itself with a trained adapter: what training buys
-            elif sb.kind == "swa" and same_w and sb.sinks == 0 and not sb.adapter:
-                ranked.append((2, b))
-            elif sb.kind == "evict" and same_w and sb.sinks == sa.sinks:
-                ranked.append((3, b))
-            elif sb.kind == "linear":
-                ranked.append((4, b))
+        # Each method says where it stands beside SWA(w, s): the retrofits of the same w, SWA with an
+        # adapter, without sinks, evict, linear (sinkwindow.methods, ``rank_against``).
+        ranked = [
+            (rank, b) for b, sb in specs.items() if (rank := method_of(sb).rank_against(sa)) is not None
+        ]
         pairs += [(a, b) for _, b in sorted(ranked)]
     return pairs + [(m, "full") for m in methods if m != "full" and "full" in methods]
 
@@ -226,11 +213,7 @@ def _average_interval(cells: list[list[float]], boot: dict) -> tuple[Interval, s
 
 def _swa_lolcats_pairs(methods) -> list[tuple[str, str]]:
     """(SWA, retrofit) pairs of the same window: the paper's comparison, LoLCATs(+SWA) and Liger-GLA(+SWA)."""
-    return [
-        (a, b)
-        for a, b in _comparison_pairs(methods)
-        if b != "full" and parse_spec(b).kind in ("lolcats", "liger")
-    ]
+    return [(a, b) for a, b in _comparison_pairs(methods) if b != "full" and method_of(b).paper_retrofit]
 
 
 def summarize(

@@ -8,6 +8,7 @@ import logging
 import math
 from collections import defaultdict
 
+from ..methods import method_of
 from ..runtime.spec import parse_spec
 from .stats import (
     ZERO_DENOMINATOR,
@@ -198,7 +199,7 @@ def _swa_lolcats_section(s: dict, level: int = 2) -> list[str]:
             ]
             lines.append(f"| {FAMILY_TITLES[fam].split(' (')[0]} | " + " | ".join(cells) + " |")
             paper = PAPER_REFERENCE.get(fam)
-            retrofit = "LoLCATs(+SWA)" if parse_spec(b).kind == "lolcats" else "Liger-GLA(+SWA)"
+            retrofit = method_of(b).family
             if paper and retrofit in paper and parse_spec(b).window == PAPER_WINDOW:
                 swa, lol = paper["SWA(256,4)"], paper[retrofit]
                 cells = [f"{swa[L] / lol[L]:.2f}×" if L in swa and lol[L] else "–" for L in lengths]

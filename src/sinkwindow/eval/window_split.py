@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..jsonl import read_jsonl
+from ..methods import method_of
 from ..runtime.spec import MethodSpec, parse_spec
 
 __all__ = [
@@ -39,11 +40,7 @@ def method_window(spec: MethodSpec) -> tuple[int, int] | None:
     """``(w, s)``: the keys a method's first decoded token sees exactly (s sinks plus w − s recent),
     or ``None`` for a method that sees every key (``full``, a hybrid with full layers or heads) or
     none exactly (``linear``). ``lolcats:W`` and ``liger:W`` see their last W keys by softmax."""
-    if spec.is_hybrid or spec.is_full or spec.kind == "linear":
-        return None
-    if spec.kind in ("lolcats", "liger"):
-        return spec.window, 0
-    return spec.window, spec.sinks
+    return method_of(spec).exact_view
 
 
 def needle_in_window(start: int, end: int, n_prompt: int, window: tuple[int, int]) -> bool:
@@ -127,9 +124,7 @@ def window_split(rows: list[dict], needles: dict[tuple, dict] | None = None) -> 
                 specs[m] = parse_spec(m)
             except ValueError:
                 continue
-    swa = [
-        m for m, sp in specs.items() if sp.kind == "swa" and sp.sinks and not sp.is_hybrid and not sp.adapter
-    ]
+    swa = [m for m, sp in specs.items() if method_of(sp).anchors_comparisons and not sp.adapter]
     reference = swa[0] if swa else None
     out: dict = {}
     for r in rows:

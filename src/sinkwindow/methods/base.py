@@ -35,6 +35,10 @@ INTERFACE = (
     "prefill",
     "decode",
     "state_bytes",
+    "exact_view",
+    "anchors_comparisons",
+    "paper_retrofit",
+    "rank_against",
 )
 
 
@@ -74,6 +78,27 @@ class Method:
         """The method with its parameters, as reports name it (``SWA(256, 4)``)."""
         tail = f"@{self.spec.adapter}" if self.spec.adapter else ""
         return f"{self.family}{tail}"
+
+    @property
+    def exact_view(self) -> tuple[int, int] | None:
+        """``(w, s)``: the keys its first decoded token sees exactly (s sinks plus w - s recent), or
+        ``None`` for a method that sees every key or none exactly."""
+        return None
+
+    @property
+    def anchors_comparisons(self) -> bool:
+        """True for SWA(w, s) with sinks, the method reports compare everything else against."""
+        return False
+
+    @property
+    def paper_retrofit(self) -> bool:
+        """True for the paper's trained baselines beside SWA (LoLCATs(+SWA), Liger-GLA(+SWA))."""
+        return False
+
+    def rank_against(self, anchor: MethodSpec) -> float | None:
+        """Where this method stands among those a report sets beside the SWA ``anchor`` (lower
+        first), or ``None`` when it is no comparison for it."""
+        return None
 
     def patch(
         self,

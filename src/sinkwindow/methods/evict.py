@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..runtime.spec import MethodSpec
 from .base import Method
 
 __all__ = ["Evict"]
@@ -14,6 +15,18 @@ class Evict(Method):
     windowed = True
     # The prompt is one dense forward whatever the chunk size asked; the cache evicts afterwards.
     dense_prompt = True
+
+    @property
+    def exact_view(self) -> tuple[int, int] | None:
+        return self.spec.window, self.spec.sinks
+
+    def rank_against(self, anchor: MethodSpec) -> float | None:
+        same = (self.spec.window, self.spec.positions, self.spec.sinks) == (
+            anchor.window,
+            anchor.positions,
+            anchor.sinks,
+        )
+        return 3 if same else None
 
     @property
     def label(self) -> str:

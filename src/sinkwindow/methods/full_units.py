@@ -23,5 +23,13 @@ class FullUnits(Swa):
         self.inner = Swa(spec.base)
 
     @property
+    def exact_view(self) -> tuple[int, int] | None:
+        return None  # its full units see every key
+
+    @property
+    def anchors_comparisons(self) -> bool:
+        return False  # compared with the plain SWA it extends instead
+
+    @property
     def label(self) -> str:
         return f"{self.inner.label}+full:{str(self.spec).partition('+full:')[2]}"

@@ -3,13 +3,14 @@ every key, each normalised on its own; no new parameters, trained with LoRA."""
 
 from __future__ import annotations
 
-from .linear import LINEAR_STATE_BYTES, LinearBase
+from .linear import LINEAR_STATE_BYTES, WindowedRetrofit
 
 __all__ = ["Liger"]
 
 
-class Liger(LinearBase):
+class Liger(WindowedRetrofit):
     kind = "liger"
+    paper_rank = 1
     family = "Liger-GLA(+SWA)"
 
     def recurrent_bytes(self, config, batch: int, feature_dim: int | None) -> int:

@@ -6,9 +6,10 @@ the hybrids add."""
 
 from __future__ import annotations
 
+from ..runtime.spec import MethodSpec
 from .base import Method
 
-__all__ = ["LINEAR_STATE_BYTES", "LinearBase", "Linear"]
+__all__ = ["LINEAR_STATE_BYTES", "LinearBase", "Linear", "WindowedRetrofit"]
 
 # sinkwindow.linear keeps the recurrent state (S, z) in float32 whatever the model dtype (bf16
 # accumulation of z drifts over long streams, docs/linear.md §7.2).
@@ -68,3 +69,24 @@ class LinearBase(Method):
 class Linear(LinearBase):
     kind = "linear"
     family = "linear (Hedgehog)"
+
+    def rank_against(self, anchor: MethodSpec) -> float | None:
+        return 4
+
+
+class WindowedRetrofit(LinearBase):
+    """A paper retrofit with a softmax window of W keys beside its linear part (lolcats, liger)."""
+
+    # Its place beside SWA(W, s) of the same W (LoLCATs first, as the paper's tables).
+    paper_rank: float = 0
+
+    @property
+    def exact_view(self) -> tuple[int, int] | None:
+        return self.spec.window, 0  # its last W keys, by softmax
+
+    @property
+    def paper_retrofit(self) -> bool:
+        return True
+
+    def rank_against(self, anchor: MethodSpec) -> float | None:
+        return self.paper_rank if self.spec.window == anchor.window else None

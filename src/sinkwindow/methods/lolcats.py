@@ -3,13 +3,14 @@ one shared normaliser; a trained retrofit."""
 
 from __future__ import annotations
 
-from .linear import LinearBase
+from .linear import WindowedRetrofit
 
 __all__ = ["Lolcats"]
 
 
-class Lolcats(LinearBase):
+class Lolcats(WindowedRetrofit):
     kind = "lolcats"
+    paper_rank = 0
     family = "LoLCATs(+SWA)"
 
     def window_keys(self, context: int) -> int:

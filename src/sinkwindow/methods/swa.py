@@ -4,6 +4,7 @@ It may carry a LoRA adapter trained under SWA (``swa:W:S@NAME``)."""
 
 from __future__ import annotations
 
+from ..runtime.spec import MethodSpec
 from .base import Method
 
 __all__ = ["Swa"]
@@ -14,6 +15,27 @@ class Swa(Method):
     family = "SWA"
     adapter = "lora"
     windowed = True
+
+    @property
+    def exact_view(self) -> tuple[int, int] | None:
+        return self.spec.window, self.spec.sinks
+
+    @property
+    def anchors_comparisons(self) -> bool:
+        return self.spec.sinks > 0
+
+    def rank_against(self, anchor: MethodSpec) -> float | None:
+        same_w = self.spec.window == anchor.window and self.spec.positions == anchor.positions
+        if (
+            same_w
+            and self.spec.sinks == anchor.sinks
+            and self.spec.adapter != anchor.adapter
+            and not anchor.adapter
+        ):
+            return 1.5  # SWA(w, s) against itself with a trained adapter: what training buys
+        if same_w and self.spec.sinks == 0 and not self.spec.adapter:
+            return 2  # the sinks' worth
+        return None
 
     @property
     def label(self) -> str:

@@ -10,8 +10,9 @@ A ``MethodRunner`` owns one (model, spec) pair for the length of a measurement:
   exactly the shapes and layout a real prefill leaves, so that the decode step that follows does
   the same work it would after a real prefill (see each runner for how).
 
-Methods are looked up by spec kind in ``RUNNERS``, a plain dict: a new method is one subclass
-(``activate``/``deactivate``/``new_cache``/``fill``) and one entry, and no change anywhere else.
+Methods are looked up by spec kind in ``RUNNERS``, a plain dict beside ``sinkwindow.methods.METHODS``
+(the bench sits above that layer, so a method class cannot name its runner): a new method is one
+subclass (``activate``/``deactivate``/``new_cache``/``fill``) and one entry, and no change anywhere else.
 Peers, other implementations timed beside ours (``bench.peers``), are looked up the same way by
 peer kind in ``PEERS``; their rows carry the peer's name as ``method``.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ..methods import METHODS, method_of
 from ..runtime.spec import parse_spec
 from .peers import is_peer, peer_window
 from .rows import by_context, ok_rows, row_models
@@ -102,7 +103,9 @@ def check_targets(
     """
     if window_method is None:
         swa_methods = [
-            r["method"] for r in rows if not is_peer(r["method"]) and parse_spec(r["method"]).kind == "swa"
+            r["method"]
+            for r in rows
+            if not is_peer(r["method"]) and isinstance(method_of(r["method"]), METHODS["swa"])
         ]
         window_method = "swa:64:4" if "swa:64:4" in swa_methods or not swa_methods else swa_methods[0]
     models = row_models(rows)

@@ -154,3 +154,14 @@ def test_methods_rank_themselves_beside_swa_in_the_papers_order():
         (64, 0),
         (64, 2),
     ]
+
+
+@pytest.mark.parametrize("text", [s for s in SPECS if "@" not in s])
+def test_trainable_is_what_the_parser_lets_carry_an_adapter(text):
+    try:
+        parse_spec(f"{text}@x")
+        named = True
+    except ValueError:
+        named = False
+    assert method_of(text).trainable == named
+    assert method_of(text).train_stages or not named  # a trainable method has a recipe

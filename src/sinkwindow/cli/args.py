@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # torch-free, so --help stays fast
+from ..methods import method_of
 from ..models.packaged import DEFAULT_MODEL
 from ..runtime.dtypes import DTYPES
 
@@ -249,12 +250,7 @@ def linear_method(text: str) -> str:
             f"train the method itself ({parsed.without_adapter}); the name after '@' is given when its adapter "
             f"ships or is evaluated (--checkpoint {parsed}=RUN_FOLDER)"
         )
-    plain_swa = (
-        parsed.kind == "swa"
-        and parsed.positions == "absolute"
-        and not (parsed.full_layers or parsed.full_heads)
-    )
-    if not (parsed.is_linear or plain_swa):
+    if not method_of(parsed).trainable:
         raise argparse.ArgumentTypeError(
             f"{spec} is not trained: train lolcats:W (e.g. lolcats:64), liger:W, linear, or swa:W:S (SWA + LoRA)"
         )

@@ -39,6 +39,9 @@ INTERFACE = (
     "anchors_comparisons",
     "paper_retrofit",
     "rank_against",
+    "trainable",
+    "train_stages",
+    "feature_maps",
 )
 
 
@@ -59,6 +62,10 @@ class Method:
     adapter: ClassVar[str | None] = None
     windowed: ClassVar[bool] = False
     dense_prompt: ClassVar[bool] = False
+    # Training (``sinkwindow train``): the stages its recipe runs, ``()`` for a method never trained,
+    # and whether its retrofit has learned feature maps (whose options training passes on).
+    train_stages: ClassVar[tuple[str, ...]] = ()
+    feature_maps: ClassVar[bool] = False
 
     def __init__(self, spec: MethodSpec) -> None:
         if spec.kind != self.kind:
@@ -72,6 +79,11 @@ class Method:
     def trained(self) -> bool:
         """True when running it needs trained tensors (a retrofit, or a named ``@NAME`` adapter)."""
         return self.adapter == "retrofit" or bool(self.spec.adapter)
+
+    @property
+    def trainable(self) -> bool:
+        """True when ``sinkwindow train`` can train this spec (its recipe has stages)."""
+        return bool(self.train_stages)
 
     @property
     def label(self) -> str:

@@ -15,6 +15,11 @@ class FullUnits(Swa):
 
     family = "SWA+full"
     adapter = None
+    train_stages = ()
+
+    @property
+    def trainable(self) -> bool:
+        return False
 
     def __init__(self, spec) -> None:
         if not spec.is_hybrid:

@@ -12,6 +12,9 @@ class Liger(WindowedRetrofit):
     kind = "liger"
     paper_rank = 1
     family = "Liger-GLA(+SWA)"
+    # No new parameters: softmax over the pre-RoPE q and k is its feature map, LoRA its only training.
+    train_stages = ("finetune",)
+    feature_maps = False
 
     def recurrent_bytes(self, config, batch: int, feature_dim: int | None) -> int:
         """The gated state: per layer and KV head, one [D, D] float32 matrix."""

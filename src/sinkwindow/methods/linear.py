@@ -20,6 +20,9 @@ class LinearBase(Method):
     """A trained linear-attention retrofit: it is converted in, never patched."""
 
     adapter = "retrofit"
+    # LoLCATs' recipe: attention transfer (the feature maps learn softmax), then LoRA fine-tuning.
+    train_stages = ("transfer", "finetune")
+    feature_maps = True
 
     @property
     def label(self) -> str:

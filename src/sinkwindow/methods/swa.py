@@ -15,6 +15,12 @@ class Swa(Method):
     family = "SWA"
     adapter = "lora"
     windowed = True
+    # The equal-budget control of the retrofits: LoRA fine-tuning only, no attention transfer.
+    train_stages = ("finetune",)
+
+    @property
+    def trainable(self) -> bool:
+        return self.spec.positions == "absolute"  # what a LoRA adapter is trained under
 
     @property
     def exact_view(self) -> tuple[int, int] | None:

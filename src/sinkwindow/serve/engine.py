@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from ..methods import method_of
 from ..runtime.attributes import CACHE_FACTORY_ATTR
 from ..runtime.generate import DecodeStep, select_next
 from ..runtime.hooks import check_positions, max_positions
@@ -441,7 +442,7 @@ class Engine:
             return job.cancel_reason
         if job._pending:
             n = min(self.chunk_size, len(job._pending))
-            if self.spec.kind == "evict" and job._cache.get_seq_length() == 0:
+            if method_of(self.spec).dense_prompt and job._cache.get_seq_length() == 0:
                 n = len(job._pending)  # evict:W:S runs the whole prompt dense, as generate() does
             ids = torch.tensor([job._pending[:n]], device=self.device)
             job._pending = job._pending[n:]

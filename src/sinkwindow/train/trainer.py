@@ -23,9 +23,9 @@ from transformers import PreTrainedModel
 from ..linear.attention import DEFAULT_WINDOW_FACTOR
 from ..linear.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from ..linear.lora import DEFAULT_LORA, LIGER_LORA
+from ..methods import method_of
 from ..runs.folder import RunLock
 from ..runs.session_log import start_session
-from ..runtime.spec import parse_spec
 from .data import load_training_data
 from .plateau import plateau
 from .stage import StageConfig, StageResult, run_stage
@@ -56,14 +56,14 @@ class Recipe:
 
 def recipe_for(spec: str) -> Recipe:
     """The training recipe of a linear baseline: LoLCATs' two stages, or Liger's single LoRA stage."""
-    kind = parse_spec(spec).kind
-    if kind == "liger":
-        return Recipe(("finetune",), 1e-3, LIGER_LORA["alpha"], tuple(LIGER_LORA["targets"]))
-    if kind == "swa":
-        # The equal-budget control: lolcats:W's stage 2 as it was run (LoRA r 8 on q/k/v/o, alpha
-        # 16, lr 1e-3; benchmarks/training/README.md), with no attention transfer before it.
-        return Recipe(("finetune",), 1e-3, DEFAULT_LORA["alpha"], tuple(DEFAULT_LORA["targets"]))
-    return Recipe(("transfer", "finetune"), 1e-4, DEFAULT_LORA["alpha"], tuple(DEFAULT_LORA["targets"]))
+    method = method_of(spec)
+    if not method.trainable:
+        raise ValueError(f"{spec} is not trained: train lolcats:W, liger:W, linear, or swa:W:S (SWA + LoRA)")
+    lora = DEFAULT_LORA if method.feature_maps or method.adapter == "lora" else LIGER_LORA
+    # A recipe with an attention transfer fine-tunes at 1e-4 after it; LoRA alone (Liger, and the
+    # SWA control: lolcats:W's stage 2 as it was run, benchmarks/training/README.md) at 1e-3.
+    lr = 1e-4 if "transfer" in method.train_stages else 1e-3
+    return Recipe(method.train_stages, lr, lora["alpha"], tuple(lora["targets"]))
 
 
 # Feature-map options every ``sinkwindow train`` passes, at values that mean "not set". Liger has no
@@ -79,7 +79,7 @@ _UNSET_FEATURE_OPTIONS = {
 
 def _convert_options(spec: str, options: dict | None) -> dict:
     opts = dict(options or {})
-    if parse_spec(spec).kind in ("liger", "swa"):
+    if not method_of(spec).feature_maps:
         for name, unset in _UNSET_FEATURE_OPTIONS.items():
             if name in opts and opts[name] in unset:
                 del opts[name]

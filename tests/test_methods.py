@@ -165,3 +165,13 @@ def test_trainable_is_what_the_parser_lets_carry_an_adapter(text):
         named = False
     assert method_of(text).trainable == named
     assert method_of(text).train_stages or not named  # a trainable method has a recipe
+
+
+@pytest.mark.parametrize("text", [s for s in SPECS if "@" not in s and "+" not in s])
+def test_takes_full_units_is_what_the_parser_lets_carry_units(text):
+    try:
+        parse_spec(f"{text}+full:0")
+        named = True
+    except ValueError:
+        named = False
+    assert method_of(text).takes_full_units == named

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from ..jsonl import append_jsonl
+from ..methods import method_of
 from ..runs.folder import RunLock, check_run_dir
 from ..runs.session_log import start_session
 from ..runtime.dtypes import DTYPES
@@ -585,7 +586,7 @@ class _ModelBench:
                 continue
             with runner:
                 warm_up_prefill(runner, config.chunk_size)
-                if runner.bounded and runner.spec.kind != "evict":
+                if runner.bounded and not method_of(runner.spec).dense_prompt:
                     # Chunked prefills of every length side by side at the same pace (see
                     # measure_prefill_interleaved): time(2n)/time(n) then measures the method.
                     pending = self._allowed("prefill", spec, runner, config.prefill_contexts)

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from ..methods import METHODS, method_of
 from ..runtime.cache import SinkWindowCache
 from ..runtime.capability import base_class, native_sliding_layers, text_config
 from ..runtime.make_cache import make_cache
@@ -276,7 +277,7 @@ def validate_options(spec: str | MethodSpec, seq_len: int | None, layers: int | 
         ValueError: one line naming the fix.
     """
     spec = parse_spec(spec)
-    if spec.kind != "swa":
+    if not isinstance(method_of(spec), METHODS["swa"]):
         raise ValueError(
             f"sinkwindow check verifies swa:W[:S] specs (the runtime the reference covers), got {spec}; "
             f"try --method swa:64:4"

@@ -42,6 +42,7 @@ INTERFACE = (
     "trainable",
     "train_stages",
     "feature_maps",
+    "takes_full_units",
 )
 
 
@@ -79,6 +80,11 @@ class Method:
     def trained(self) -> bool:
         """True when running it needs trained tensors (a retrofit, or a named ``@NAME`` adapter)."""
         return self.adapter == "retrofit" or bool(self.spec.adapter)
+
+    @property
+    def takes_full_units(self) -> bool:
+        """True when a hybrid (``+full:UNITS``) can be built on it: what tuning searches over."""
+        return False
 
     @property
     def trainable(self) -> bool:

@@ -19,6 +19,10 @@ class Swa(Method):
     train_stages = ("finetune",)
 
     @property
+    def takes_full_units(self) -> bool:
+        return self.spec.positions == "absolute"  # units keep their absolute positions too
+
+    @property
     def trainable(self) -> bool:
         return self.spec.positions == "absolute"  # what a LoRA adapter is trained under
 

@@ -27,10 +27,11 @@ HELDOUT_SEED = 8_000_000
 
 def swa_method(text: str) -> str:
     """``--method`` of calibrate: a plain ``swa:W:S`` (canonical)."""
+    from ..methods import method_of
     from ..runtime.spec import parse_spec
 
     spec = parse_spec(cli_args.method(text))
-    if spec.kind != "swa" or spec.positions != "absolute":
+    if not method_of(spec).takes_full_units:
         raise argparse.ArgumentTypeError(
             f"{spec} is not swa:W:S: hybrids keep units full on top of sliding-window attention, e.g. swa:256:4"
         )

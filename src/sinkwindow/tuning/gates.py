@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from ..methods import method_of
 from ..runtime.kv_bytes import kv_geometry, native_windows
 from ..runtime.reference import reference_mask
 from ..runtime.spec import MethodSpec, parse_spec
@@ -257,7 +258,7 @@ def train_gates(
     cfg = replace(config or GateTraining(), **settings)
     steps, init = cfg.steps, cfg.init
     spec = parse_spec(spec) if isinstance(spec, str) else spec
-    if spec.kind != "swa" or spec.is_hybrid or spec.window is None:
+    if not method_of(spec).takes_full_units or spec.is_hybrid:
         raise ValueError(f"gates mix full attention with a plain swa:W:S, got {spec}")
     if not prompts:
         raise ValueError("give at least one calibration prompt")

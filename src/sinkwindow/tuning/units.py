@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..methods import method_of
 from ..runtime.kv_bytes import kv_geometry, native_windows
 from ..runtime.spec import MethodSpec, parse_spec
 
@@ -72,7 +73,7 @@ def spec_with_units(base: MethodSpec | str, units: Sequence[Unit], kv_heads: int
 def check_base_spec(method: MethodSpec | str) -> MethodSpec:
     """The plain ``swa:W:S`` a hybrid is built on; anything else raises ValueError naming the fix."""
     spec = parse_spec(method)
-    if spec.kind != "swa" or spec.positions != "absolute":
+    if not method_of(spec).takes_full_units:
         raise ValueError(
             f"hybrids keep some units full on top of swa:W:S (absolute positions), not {spec}: "
             f"give e.g. --method swa:256:4"

@@ -41,6 +41,7 @@ from ..linear.ops import (
     window_linear_attn_past_window,
     window_softmax_terms,
 )
+from ..methods import method_of
 
 __all__ = [
     "collect_records",
@@ -93,6 +94,12 @@ def collect_records(model: PreTrainedModel, input_ids: torch.Tensor) -> list[Tra
     return records
 
 
+def _windowed_features(variant) -> bool:
+    """True for a retrofit whose learned features cover the keys past a softmax window (LoLCATs);
+    pure linear attention has no window, Liger and SWA + LoRA no learned features."""
+    return method_of(variant.spec).feature_maps and variant.window is not None
+
+
 def _stacked_features(maps: list[HedgehogFeatureMap], x: torch.Tensor) -> torch.Tensor:
     """φ of several layers' maps at once: ``x`` (b, G·H, L, D) -> (b, G·H, L, F), differentiable."""
     act = ACTIVATIONS[maps[0].activation][0]
@@ -120,7 +127,7 @@ def _group_student(rf: Retrofit, recs: list[TransferRecord]) -> tuple[torch.Tens
     k = torch.cat([repeat_kv(r.k, n_rep) for r in recs], dim=1).float()
     v = torch.cat([repeat_kv(r.v, n_rep) for r in recs], dim=1).float()
     variant = rf.variant
-    if variant.kind == "lolcats":
+    if _windowed_features(variant):
         w, L = variant.window, q.shape[-2]
         skip = min(w, L)
         with torch.no_grad():
@@ -151,7 +158,7 @@ def reference_transfer_loss(model: PreTrainedModel, input_ids: torch.Tensor, mse
         n_rep = r.q.shape[1] // r.k.shape[1]
         k, v = repeat_kv(r.k, n_rep).float(), repeat_kv(r.v, n_rep).float()
         q = r.q.float()
-        if rf.variant.kind == "lolcats":
+        if _windowed_features(rf.variant):
             o, _ = chunk_window_linear_attn(
                 q, k, v, attn.feature_map_q(q), attn.feature_map_k(k), rf.variant.window,
                 attn.window_factors, affine=rf.variant.affine, scale=r.scaling,
@@ -240,7 +247,7 @@ def linear_share(model: PreTrainedModel, input_ids: torch.Tensor) -> list[float]
     """
     rf = get_retrofit(model)
     variant = rf.variant
-    if variant.kind != "lolcats":
+    if not _windowed_features(variant):
         return []
     out = []
     for r in collect_records(model, input_ids):

@@ -175,3 +175,29 @@ def test_takes_full_units_is_what_the_parser_lets_carry_units(text):
     except ValueError:
         named = False
     assert method_of(text).takes_full_units == named
+
+
+def test_a_class_registered_in_a_test_is_what_every_caller_gets(tiny, monkeypatch):
+    """The registry is the one lookup: a subclass put in METHODS is handed out by method_of and runs
+    through patch, make_cache and prefill with no other file touched. (A new *kind* also needs the
+    parser's grammar, runtime/spec.py, which sits below this layer.)"""
+
+    class Shouting(METHODS["swa"]):
+        family = "SHOUTING SWA"
+
+        @property
+        def label(self) -> str:
+            return f"{self.family}({self.spec.window}, {self.spec.sinks})"
+
+    monkeypatch.setitem(METHODS, "swa", Shouting)
+    method = method_of("swa:16:4")
+    assert isinstance(method, Shouting) and method.label == "SHOUTING SWA(16, 4)"
+    method.patch(tiny)
+    try:
+        cache = method.make_cache(tiny)
+        ids = torch.randint(1, 100, (1, 30), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            method.prefill(tiny, ids, chunk_size=8, cache=cache)
+        assert cache_nbytes(cache) == method.state_bytes(tiny.config, 30)
+    finally:
+        method_of("full").patch(tiny)

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from ..jsonl import read_jsonl
+from ..methods import method_of
 from ..runtime.spec import parse_spec
 from .peers import is_peer, peer_kind, peer_window
 from .rows import ok_rows, row_models, validate_row
@@ -72,9 +73,7 @@ def peer_ratios(rows: list[dict], model: str) -> list[dict]:
             if is_peer(r["method"]) or r["context"] != p["context"]:
                 continue
             spec = parse_spec(r["method"])
-            if peer_kind(p["method"]) == "mistral-sw" and (
-                spec.kind not in ("swa", "evict") or spec.window != w
-            ):
+            if peer_kind(p["method"]) == "mistral-sw" and (not method_of(spec).windowed or spec.window != w):
                 continue
             out.append(
                 {

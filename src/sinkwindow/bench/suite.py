@@ -548,7 +548,7 @@ class _ModelBench:
         contexts = self.config.contexts
         baseline = FullRunner(self.model, parse_spec("full"))
         for runner in self.runners.values():
-            if isinstance(runner, str) or runner.peer is not None or runner.spec.kind not in ("swa", "evict"):
+            if isinstance(runner, str) or runner.peer is not None or not method_of(runner.spec).windowed:
                 continue
             w = runner.spec.window
             short = [n for n in contexts if n <= w]
